@@ -1,0 +1,158 @@
+// Package redistest starts throwaway redis-server processes for tests: each on a free
+// loopback port, persistence off, stopped by t.Cleanup. Tests own their servers, so they
+// can flush, stop and restart them freely.
+//
+// Without redis-server on PATH the calling test fails and says how to install it: a suite
+// that skips its Redis tests has tested nothing.
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is one redis-server process on 127.0.0.1. Stop and Restart it to simulate an
+// outage; the address stays the same.
+type Server struct {
+	Addr string // "127.0.0.1:<port>"
+
+	tb     testing.TB
+	port   int
+	mu     sync.Mutex
+	cmd    *exec.Cmd     // nil while stopped
+	exited chan struct{} // closed when cmd has exited
+}
+
+// Start runs a redis-server on a free loopback port and returns a client for it; t.Cleanup
+// stops both.
+func Start(tb testing.TB) *redis.Client {
+	tb.Helper()
+	return StartServer(tb).Client()
+}
+
+// StartServer runs a redis-server on a free loopback port, persistence off, and waits
+// until it answers PING (at most 10s). t.Cleanup kills it.
+func StartServer(tb testing.TB, extraArgs ...string) *Server {
+	tb.Helper()
+	path := lookPath(tb)
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ { // another process may take the free port first
+		s := &Server{tb: tb, port: freePort(tb)}
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
+		if lastErr = s.start(path, extraArgs); lastErr == nil {
+			tb.Cleanup(s.kill)
+			return s
+		}
+	}
+	tb.Fatalf("redistest: redis-server did not start: %v", lastErr)
+	return nil
+}
+
+// Client returns a new client for s, closed by t.Cleanup.
+func (s *Server) Client() *redis.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr})
+	s.tb.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
+// Stop kills the server: clients see connection errors until Restart.
+func (s *Server) Stop() {
+	s.tb.Helper()
+	s.kill()
+}
+
+// Restart starts the server again on the same port, empty (persistence is off), and
+// waits until it answers PING.
+func (s *Server) Restart(extraArgs ...string) {
+	s.tb.Helper()
+	if err := s.start(lookPath(s.tb), extraArgs); err != nil {
+		s.tb.Fatalf("redistest: restart redis-server on %s: %v", s.Addr, err)
+	}
+}
+
+func (s *Server) start(path string, extraArgs []string) error {
+	args := append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.tb.TempDir()}, extraArgs...)
+	cmd := exec.Command(path, args...)
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	s.mu.Lock()
+	s.cmd, s.exited = cmd, exited
+	s.mu.Unlock()
+
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer rdb.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := rdb.Ping(ctx).Err()
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case isClosed(exited):
+			return fmt.Errorf("redis-server on %s exited before answering PING (port taken?)", s.Addr)
+		case time.Now().After(deadline):
+			s.kill()
+			return fmt.Errorf("redis-server on %s did not answer PING within 10s: %v", s.Addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// kill stops the process, if running, and waits for it to exit.
+func (s *Server) kill() {
+	s.mu.Lock()
+	cmd, exited := s.cmd, s.exited
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-exited
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// freePort asks the kernel for a free loopback port. The port is released before
+// redis-server binds it, so StartServer retries if another process takes it meanwhile.
+func freePort(tb testing.TB) int {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("redistest: find a free port: %v", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// lookPath finds redis-server or fails the test with how to install it.
+func lookPath(tb testing.TB) string {
+	tb.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		tb.Fatalf("redistest: redis-server is not on PATH; the tests need a real Redis. " +
+			"Install it (Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew install redis) " +
+			"or run .ci/run, which installs it.")
+	}
+	return path
+}
