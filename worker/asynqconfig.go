@@ -1,0 +1,90 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// DefaultDelayedTaskCheckInterval is the forwarder interval WrapConfig sets when the
+// Config leaves it zero. asynq's own default is 5s: a throttled task is due at a whole
+// second but only moved back to its queue at the forwarder's next run, so it would start
+// up to 5s late. At 1s it starts at most about 1s late, for one small Redis script call
+// per queue per second per server.
+const DefaultDelayedTaskCheckInterval = time.Second
+
+// WrapConfig returns a copy of cfg set up for throttled tasks; the caller's own functions
+// still handle every other error:
+//
+//   - IsFailure is false for throttle.ErrDenied and ErrUnavailable (asynq then keeps
+//     Retried and the failed count as they are); otherwise cfg.IsFailure, or asynq's
+//     default (every error is a failure).
+//   - RetryDelayFunc waits until a denial's RetryAt rounded up to a whole second, and
+//     UnavailableRetryDelay for ErrUnavailable; otherwise cfg.RetryDelayFunc, or
+//     asynq.DefaultRetryDelayFunc.
+//   - ErrorHandler is not called for denials and deferrals; it is for everything else,
+//     ErrUnavailable included.
+//   - DelayedTaskCheckInterval defaults to DefaultDelayedTaskCheckInterval (1s).
+func WrapConfig(cfg asynq.Config) asynq.Config {
+	cfg.IsFailure = IsFailureFunc(cfg.IsFailure)
+	cfg.RetryDelayFunc = RetryDelayFunc(cfg.RetryDelayFunc)
+	if h := cfg.ErrorHandler; h != nil {
+		cfg.ErrorHandler = asynq.ErrorHandlerFunc(func(ctx context.Context, task *asynq.Task, err error) {
+			if !errors.Is(err, throttle.ErrDenied) {
+				h.HandleError(ctx, task, err)
+			}
+		})
+	}
+	if cfg.DelayedTaskCheckInterval == 0 {
+		cfg.DelayedTaskCheckInterval = DefaultDelayedTaskCheckInterval
+	}
+	return cfg
+}
+
+// IsFailureFunc returns an asynq.Config.IsFailure that is false for throttle.ErrDenied and
+// ErrUnavailable, and otherwise asks fallback (nil: every non-nil error is a failure, as
+// asynq's default).
+func IsFailureFunc(fallback func(error) bool) func(error) bool {
+	return func(err error) bool {
+		if errors.Is(err, throttle.ErrDenied) || errors.Is(err, ErrUnavailable) {
+			return false
+		}
+		if fallback != nil {
+			return fallback(err)
+		}
+		return err != nil
+	}
+}
+
+// RetryDelayFunc returns an asynq.RetryDelayFunc that, for a *throttle.DeniedError,
+// returns the time from now until its RetryAt rounded up to a whole second (asynq stores
+// retry times as truncated whole seconds, so an unrounded delay could bring the task back
+// up to 1s early, to be denied again); for ErrUnavailable UnavailableRetryDelay; and
+// otherwise asks fallback (nil: asynq.DefaultRetryDelayFunc).
+func RetryDelayFunc(fallback asynq.RetryDelayFunc) asynq.RetryDelayFunc {
+	if fallback == nil {
+		fallback = asynq.DefaultRetryDelayFunc
+	}
+	return func(n int, err error, task *asynq.Task) time.Duration {
+		if d, ok := retryDelay(time.Now(), err); ok {
+			return d
+		}
+		return fallback(n, err, task)
+	}
+}
+
+// retryDelay is RetryDelayFunc's rule at the instant now.
+func retryDelay(now time.Time, err error) (time.Duration, bool) {
+	var denied *throttle.DeniedError
+	switch {
+	case errors.As(err, &denied):
+		return max(ceilSecond(denied.RetryAt).Sub(now), 0), true
+	case errors.Is(err, ErrUnavailable):
+		return UnavailableRetryDelay, true
+	}
+	return 0, false
+}

@@ -1,0 +1,110 @@
+package worker
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// Rule throttles every task of one type: each of its Quotas must have room before the
+// task's handler runs.
+type Rule struct {
+	// TaskType is the asynq task type the rule applies to, e.g. "api:call".
+	TaskType string
+	// Quotas are decided together, all or nothing: a ScopeTenant quota is a limit for each
+	// tenant, a ScopeType quota one limit for the whole type. At least one.
+	Quotas []throttle.Quota
+}
+
+// String formats r as one THROTTLE_RULES rule: "api:call tenant=5/2s type=20/1s".
+func (r Rule) String() string {
+	parts := []string{r.TaskType}
+	for _, q := range r.Quotas {
+		parts = append(parts, q.String())
+	}
+	return strings.Join(parts, " ")
+}
+
+// Validate returns an error unless r names a task type and has at least one quota, each
+// valid (throttle.Quota.Validate).
+func (r Rule) Validate() error {
+	if r.TaskType == "" {
+		return fmt.Errorf("worker: rule %q: empty task type", r)
+	}
+	if len(r.Quotas) == 0 {
+		return fmt.Errorf("worker: rule %q: no quota; want e.g. %q", r, r.TaskType+" tenant=5/2s")
+	}
+	for _, q := range r.Quotas {
+		if err := q.Validate(); err != nil {
+			return fmt.Errorf("worker: rule %q: %w", r, err)
+		}
+	}
+	return nil
+}
+
+// ParseRules reads rules in the THROTTLE_RULES form: rules separated by ';', each a task
+// type followed by one or more space-separated quotas "scope=events/window", where scope
+// is "tenant" (a limit for each tenant) or "type" (one limit for the whole type) and
+// window is a Go duration:
+//
+//	api:call tenant=5/2s type=20/1s; email:send tenant=100/1h
+//
+// Empty rules (a trailing ';') and extra spaces are ignored; an empty s gives no rules.
+// The error names the rule (its 1-based position and text) and the offending part: a rule
+// without quotas, a quota without '=', an unknown scope, a limit ParseLimit rejects, or a
+// task type given twice.
+func ParseRules(s string) ([]Rule, error) {
+	var rules []Rule
+	seen := map[string]int{}
+	for i, text := range strings.Split(s, ";") {
+		fields := strings.Fields(text)
+		if len(fields) == 0 {
+			continue
+		}
+		where := fmt.Sprintf("rule %d %q", i+1, strings.TrimSpace(text))
+		r := Rule{TaskType: fields[0]}
+		if strings.Contains(r.TaskType, "=") {
+			return nil, fmt.Errorf("worker: %s: starts with quota %q; want a task type first, e.g. \"api:call tenant=5/2s\"", where, r.TaskType)
+		}
+		if len(fields) == 1 {
+			return nil, fmt.Errorf("worker: %s: task type %q has no quota; want e.g. %q", where, r.TaskType, r.TaskType+" tenant=5/2s")
+		}
+		for _, f := range fields[1:] {
+			q, err := parseQuota(f)
+			if err != nil {
+				return nil, fmt.Errorf("worker: %s: %w", where, err)
+			}
+			r.Quotas = append(r.Quotas, q)
+		}
+		if prev, ok := seen[r.TaskType]; ok {
+			return nil, fmt.Errorf("worker: %s: task type %q already has rule %d; put all its quotas in one rule", where, r.TaskType, prev)
+		}
+		seen[r.TaskType] = i + 1
+		rules = append(rules, r)
+	}
+	return rules, nil
+}
+
+// parseQuota reads "scope=events/window".
+func parseQuota(s string) (throttle.Quota, error) {
+	scope, limit, ok := strings.Cut(s, "=")
+	if !ok {
+		return throttle.Quota{}, fmt.Errorf("quota %q: want scope=events/window, e.g. tenant=5/2s", s)
+	}
+	var q throttle.Quota
+	switch scope {
+	case "tenant":
+		q.Scope = throttle.ScopeTenant
+	case "type":
+		q.Scope = throttle.ScopeType
+	default:
+		return throttle.Quota{}, fmt.Errorf("quota %q: unknown scope %q; want tenant or type", s, scope)
+	}
+	l, err := throttle.ParseLimit(limit)
+	if err != nil {
+		return throttle.Quota{}, fmt.Errorf("quota %q: %w", s, err)
+	}
+	q.Limit = l
+	return q, nil
+}

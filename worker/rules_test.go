@@ -1,0 +1,91 @@
+package worker_test
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+	"github.com/asynq-throttle/asynq-throttle/worker"
+)
+
+func TestParseRules(t *testing.T) {
+	t.Parallel()
+	tenant := func(n int, w time.Duration) throttle.Quota {
+		return throttle.Quota{Scope: throttle.ScopeTenant, Limit: throttle.Limit{Events: n, Window: w}}
+	}
+	typ := func(n int, w time.Duration) throttle.Quota {
+		return throttle.Quota{Scope: throttle.ScopeType, Limit: throttle.Limit{Events: n, Window: w}}
+	}
+	tests := []struct {
+		in   string
+		want []worker.Rule
+	}{
+		{in: "", want: nil},
+		{in: " ; ;", want: nil},
+		{in: "api:call tenant=5/2s type=20/1s; email:send tenant=100/1h", want: []worker.Rule{
+			{TaskType: "api:call", Quotas: []throttle.Quota{tenant(5, 2*time.Second), typ(20, time.Second)}},
+			{TaskType: "email:send", Quotas: []throttle.Quota{tenant(100, time.Hour)}},
+		}},
+		{in: "  report   tenant=10/1s  tenant=500/1h ;", want: []worker.Rule{
+			{TaskType: "report", Quotas: []throttle.Quota{tenant(10, time.Second), tenant(500, time.Hour)}},
+		}},
+	}
+	for _, tc := range tests {
+		got, err := worker.ParseRules(tc.in)
+		if err != nil {
+			t.Errorf("ParseRules(%q): %v", tc.in, err)
+			continue
+		}
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("ParseRules(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestParseRules_errorsNameTheRule(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in   string
+		want []string // substrings of the error
+	}{
+		{in: "api:call", want: []string{`rule 1 "api:call"`, "has no quota"}},
+		{in: "api:call tenant=5/2s; email:send", want: []string{`rule 2 "email:send"`, "has no quota"}},
+		{in: "tenant=5/2s", want: []string{`rule 1 "tenant=5/2s"`, "want a task type first"}},
+		{in: "api:call tenant", want: []string{`quota "tenant"`, "scope=events/window"}},
+		{in: "api:call user=5/2s", want: []string{`quota "user=5/2s"`, `unknown scope "user"`}},
+		{in: "api:call tenant=5", want: []string{`quota "tenant=5"`, "events/window"}},
+		{in: "api:call tenant=x/2s", want: []string{`quota "tenant=x/2s"`, `events "x" is not an integer`}},
+		{in: "api:call tenant=0/2s", want: []string{`quota "tenant=0/2s"`, "events must be at least 1"}},
+		{in: "api:call tenant=-3/2s", want: []string{"events must be at least 1"}},
+		{in: "api:call tenant=5/2", want: []string{`window "2" is not a Go duration`}},
+		{in: "api:call tenant=5/0s", want: []string{"window must be at least 1ms"}},
+		{in: "api:call tenant=5/1.5ms", want: []string{"not a whole number of milliseconds"}},
+		{in: "a tenant=1/1s; b type=1/1s; a type=2/1s", want: []string{`rule 3 "a type=2/1s"`, "already has rule 1"}},
+	}
+	for _, tc := range tests {
+		_, err := worker.ParseRules(tc.in)
+		if err == nil {
+			t.Errorf("ParseRules(%q): no error", tc.in)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("ParseRules(%q) error %q does not contain %q", tc.in, err, w)
+			}
+		}
+	}
+}
+
+func TestRule_String_roundTrips(t *testing.T) {
+	t.Parallel()
+	const in = "api:call tenant=5/2s type=20/1s"
+	rules, err := worker.ParseRules(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rules[0].String(); got != in {
+		t.Errorf("String() = %q, want %q", got, in)
+	}
+}
