@@ -1,0 +1,348 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/producer"
+)
+
+func TestParseFlags(t *testing.T) {
+	t.Parallel()
+	defaults := config{
+		taskType: "api:call", tenants: []string{"acme", "globex", "initech"}, perTenant: 20,
+		queue: "default", maxRetry: 25,
+	}
+	tests := []struct {
+		name    string
+		args    []string
+		want    config
+		wantErr string // exact; empty means no error
+	}{
+		{name: "Defaults", args: nil, want: defaults},
+		{
+			name: "AllSet",
+			args: []string{"-type", "email:send", "-tenants", " a , b ", "-n", "3", "-queue", "low",
+				"-payload", `{"x":1}`, "-max-retry", "0", "-retention", "2m"},
+			want: config{taskType: "email:send", tenants: []string{"a", "b"}, perTenant: 3, queue: "low",
+				payload: []byte(`{"x":1}`), maxRetry: 0, retention: 2 * time.Minute},
+		},
+		{
+			name: "EmptyPayloadIsSet",
+			args: []string{"-payload", ""},
+			want: func() config { c := defaults; c.payload = []byte{}; return c }(),
+		},
+		{
+			name: "MaxRetryAsynqDefault",
+			args: []string{"-max-retry", "-1"},
+			want: func() config { c := defaults; c.maxRetry = -1; return c }(),
+		},
+		{name: "Help", args: []string{"-h"}, wantErr: flag.ErrHelp.Error()},
+		{name: "EmptyTenant", args: []string{"-tenants", "acme,,initech"}, wantErr: `-tenants "acme,,initech": tenant 2 of 3 is empty`},
+		{name: "BlankTenant", args: []string{"-tenants", "acme, "}, wantErr: `-tenants "acme, ": tenant 2 of 2 is empty`},
+		{name: "NoTenants", args: []string{"-tenants", ""}, wantErr: `-tenants "": tenant 1 of 1 is empty`},
+		{name: "DuplicateTenant", args: []string{"-tenants", "acme,globex, acme"}, wantErr: `-tenants "acme,globex, acme": tenant "acme" is listed twice`},
+		{name: "NZero", args: []string{"-n", "0"}, wantErr: `-n 0: must be at least 1`},
+		{name: "NNegative", args: []string{"-n", "-5"}, wantErr: `-n -5: must be at least 1`},
+		{name: "NNotANumber", args: []string{"-n", "many"}, wantErr: `invalid value "many" for flag -n: parse error`},
+		{name: "EmptyType", args: []string{"-type", " "}, wantErr: `-type " ": must not be empty`},
+		{name: "EmptyQueue", args: []string{"-queue", ""}, wantErr: `-queue "": must not be empty`},
+		{name: "MaxRetryBelowMinusOne", args: []string{"-max-retry", "-2"}, wantErr: `-max-retry -2: must be -1 (asynq's default) or at least 0`},
+		{name: "RetentionNegative", args: []string{"-retention", "-1s"}, wantErr: `-retention -1s: must not be negative`},
+		{name: "RetentionSubSecond", args: []string{"-retention", "1500ms"}, wantErr: `-retention 1.5s: asynq keeps tasks for whole seconds; use 0 or a multiple of 1s`},
+		{name: "RetentionNotADuration", args: []string{"-retention", "10"}, wantErr: `invalid value "10" for flag -retention: parse error`},
+		{name: "UnknownFlag", args: []string{"-tenant", "acme"}, wantErr: `flag provided but not defined: -tenant`},
+		{name: "PositionalArgument", args: []string{"-n", "2", "acme"}, wantErr: `unexpected argument "acme": enqueue takes flags only`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := parseFlags(tc.args)
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("parseFlags(%q) error = %v, want %s", tc.args, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("parseFlags(%q) error = %v", tc.args, err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("parseFlags(%q) = %+v, want %+v", tc.args, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestJobs_interleaved(t *testing.T) {
+	t.Parallel()
+	got := slices.Collect(jobs([]string{"acme", "globex", "initech"}, 2))
+	want := []job{{"acme", 1}, {"globex", 1}, {"initech", 1}, {"acme", 2}, {"globex", 2}, {"initech", 2}}
+	if !slices.Equal(got, want) {
+		t.Errorf("jobs = %v, want %v", got, want)
+	}
+
+	var first []job
+	for j := range jobs([]string{"a", "b"}, 3) {
+		if len(first) == 3 {
+			break // the iterator must stop when asked
+		}
+		first = append(first, j)
+	}
+	if want := []job{{"a", 1}, {"b", 1}, {"a", 2}}; !slices.Equal(first, want) {
+		t.Errorf("first 3 jobs = %v, want %v", first, want)
+	}
+}
+
+func TestDefaultPayload(t *testing.T) {
+	t.Parallel()
+	if got, want := string(defaultPayload(job{tenant: "acme", seq: 7})), `{"tenant":"acme","seq":7}`; got != want {
+		t.Errorf("defaultPayload = %s, want %s", got, want)
+	}
+	if got, want := string(defaultPayload(job{tenant: `a"b`, seq: 1})), `{"tenant":"a\"b","seq":1}`; got != want {
+		t.Errorf("defaultPayload = %s, want %s (escaped)", got, want)
+	}
+}
+
+func TestSummary(t *testing.T) {
+	t.Parallel()
+	cfg := config{taskType: "api:call", tenants: []string{"acme", "globex", "initech"}, perTenant: 20, queue: "default"}
+	tests := []struct {
+		name   string
+		counts map[string]int
+		want   string
+	}{
+		{
+			name:   "All",
+			counts: map[string]int{"acme": 20, "globex": 20, "initech": 20},
+			want:   "enqueued 60 tasks of type api:call to queue default: acme=20 globex=20 initech=20",
+		},
+		{
+			name:   "Partial",
+			counts: map[string]int{"acme": 2, "globex": 1},
+			want:   "enqueued 3 of 60 tasks of type api:call to queue default: acme=2 globex=1 initech=0",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := summary(cfg, tc.counts); got != tc.want {
+				t.Errorf("summary = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestConfig_options(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		cfg  config
+		want []string // asynq.Option Strings
+	}{
+		{name: "QueueMaxRetry", cfg: config{queue: "q", maxRetry: 25}, want: []string{`Queue("q")`, "MaxRetry(25)"}},
+		{name: "AsynqDefaultRetry", cfg: config{queue: "q", maxRetry: -1}, want: []string{`Queue("q")`}},
+		{name: "Retention", cfg: config{queue: "q", maxRetry: 0, retention: time.Hour}, want: []string{`Queue("q")`, "MaxRetry(0)", "Retention(1h0m0s)"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var got []string
+			for _, o := range tc.cfg.options() {
+				got = append(got, o.String())
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("options = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// pendingTasks lists the pending tasks of queue, oldest (next to run) first.
+func pendingTasks(t *testing.T, ins *asynq.Inspector, queue string) []*asynq.TaskInfo {
+	t.Helper()
+	tasks, err := ins.ListPendingTasks(queue, asynq.PageSize(1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tasks
+}
+
+func TestEnqueueAll(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Start(t)
+	client := asynq.NewClientFromRedisClient(rdb)
+	cfg := config{taskType: "api:call", tenants: []string{"acme", "globex", "initech"}, perTenant: 4,
+		queue: "bulk", maxRetry: 3, retention: time.Minute}
+	calls := 0
+	counts, err := enqueueAll(context.Background(), client, cfg, func() { calls++ })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{"acme": 4, "globex": 4, "initech": 4}; !reflect.DeepEqual(counts, want) || calls != 12 {
+		t.Errorf("counts = %v after %d progress calls, want %v after 12", counts, calls, want)
+	}
+
+	tasks := pendingTasks(t, asynq.NewInspectorFromRedisClient(rdb), "bulk")
+	perTenant := map[string]int{}
+	var order []string
+	for _, ti := range tasks {
+		tenant := ti.Headers[producer.TenantHeader]
+		perTenant[tenant]++
+		order = append(order, fmt.Sprintf("%s:%s", tenant, ti.Payload))
+		if ti.Type != "api:call" || ti.MaxRetry != 3 || ti.Retention != time.Minute {
+			t.Errorf("task %s: type %q max retry %d retention %v, want api:call 3 1m0s", ti.ID, ti.Type, ti.MaxRetry, ti.Retention)
+		}
+	}
+	if want := map[string]int{"acme": 4, "globex": 4, "initech": 4}; !reflect.DeepEqual(perTenant, want) {
+		t.Errorf("pending per tenant = %v, want %v", perTenant, want)
+	}
+	var wantOrder []string
+	for j := range jobs(cfg.tenants, cfg.perTenant) {
+		wantOrder = append(wantOrder, fmt.Sprintf(`%s:{"tenant":%q,"seq":%d}`, j.tenant, j.tenant, j.seq))
+	}
+	if !slices.Equal(order, wantOrder) {
+		t.Errorf("pending order = %v, want %v", order, wantOrder)
+	}
+}
+
+func TestEnqueueAll_stopsAtFirstError(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Start(t)
+	client := asynq.NewClientFromRedisClient(rdb)
+	cfg := config{taskType: "api:call", tenants: []string{"acme", "globex", "initech"}, perTenant: 5,
+		queue: "default", payload: []byte("same"), maxRetry: -1}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	calls := 0
+	counts, err := enqueueAll(ctx, client, cfg, func() {
+		if calls++; calls == 4 {
+			cancel() // the 5th enqueue fails
+		}
+	})
+	if !errors.Is(err, context.Canceled) || err.Error() != "stopped before task 5 of 15: context canceled" {
+		t.Fatalf("error = %v, want stopped before task 5 of 15: context canceled", err)
+	}
+	if want := map[string]int{"acme": 2, "globex": 1, "initech": 1}; !reflect.DeepEqual(counts, want) {
+		t.Errorf("counts = %v, want %v", counts, want)
+	}
+	tasks := pendingTasks(t, asynq.NewInspectorFromRedisClient(rdb), "default")
+	if len(tasks) != 4 {
+		t.Fatalf("%d pending tasks, want 4", len(tasks))
+	}
+	for _, ti := range tasks {
+		if string(ti.Payload) != "same" || ti.MaxRetry != 25 {
+			t.Errorf("task %s: payload %q max retry %d, want \"same\" and asynq's default 25", ti.ID, ti.Payload, ti.MaxRetry)
+		}
+	}
+}
+
+// setRedisEnv points the Redis variables at addr for this test (so no t.Parallel).
+func setRedisEnv(t *testing.T, addr string) {
+	t.Helper()
+	for _, k := range []string{"REDIS_MASTER_NAME", "REDIS_PASSWORD", "REDIS_DB"} {
+		t.Setenv(k, "")
+		if err := os.Unsetenv(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("REDIS_ADDR", addr)
+}
+
+func TestRun(t *testing.T) {
+	srv := redistest.StartServer(t)
+	setRedisEnv(t, srv.Addr)
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"-tenants", "acme,globex", "-n", "3", "-queue", "critical"}, &stdout, &stderr)
+	if code != exitOK {
+		t.Fatalf("exit %d, want 0; stderr:\n%s", code, stderr.String())
+	}
+	if got, want := stdout.String(), "enqueued 6 tasks of type api:call to queue critical: acme=3 globex=3\n"; got != want {
+		t.Errorf("stdout = %q, want %q", got, want)
+	}
+	if !strings.Contains(stderr.String(), "(6/6") {
+		t.Errorf("stderr has no finished progress bar:\n%q", stderr.String())
+	}
+
+	perTenant := map[string]int{}
+	for _, ti := range pendingTasks(t, asynq.NewInspectorFromRedisClient(srv.Client()), "critical") {
+		perTenant[ti.Headers[producer.TenantHeader]]++
+	}
+	if want := map[string]int{"acme": 3, "globex": 3}; !reflect.DeepEqual(perTenant, want) {
+		t.Errorf("pending per tenant = %v, want %v", perTenant, want)
+	}
+}
+
+func TestRun_redisDown(t *testing.T) {
+	srv := redistest.StartServer(t)
+	setRedisEnv(t, srv.Addr)
+	srv.Stop()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"-tenants", "acme", "-n", "2"}, &stdout, &stderr)
+	if code != exitEnqueue {
+		t.Fatalf("exit %d, want 1; stderr:\n%s", code, stderr.String())
+	}
+	if got, want := stdout.String(), "enqueued 0 of 2 tasks of type api:call to queue default: acme=0\n"; got != want {
+		t.Errorf("stdout = %q, want %q", got, want)
+	}
+	// No bar was drawn before the first enqueue failed, so the error is stderr's first line.
+	if want := `enqueue: task 1 of 2: producer: enqueue api:call for tenant "acme": `; !strings.HasPrefix(stderr.String(), want) {
+		t.Errorf("stderr does not start with %q:\n%s", want, stderr.String())
+	}
+}
+
+func TestRun_usageErrors(t *testing.T) {
+	tests := []struct {
+		name       string
+		addr       string
+		args       []string
+		wantCode   int
+		wantStderr string
+	}{
+		{
+			name: "BadFlag", addr: "127.0.0.1:6379", args: []string{"-tenants", "acme,"}, wantCode: exitUsage,
+			wantStderr: "enqueue: -tenants \"acme,\": tenant 2 of 2 is empty\nRun 'enqueue -h' for usage.\n",
+		},
+		{
+			name: "BadRedisAddr", addr: "localhost", wantCode: exitUsage,
+			wantStderr: "enqueue: redisenv: REDIS_ADDR=\"localhost\": \"localhost\" is not host:port: missing port in address\n",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			setRedisEnv(t, tc.addr)
+			var stdout, stderr bytes.Buffer
+			if code := run(context.Background(), tc.args, &stdout, &stderr); code != tc.wantCode {
+				t.Errorf("exit %d, want %d", code, tc.wantCode)
+			}
+			if stderr.String() != tc.wantStderr || stdout.Len() != 0 {
+				t.Errorf("stderr = %q, stdout = %q; want stderr %q, empty stdout", stderr.String(), stdout.String(), tc.wantStderr)
+			}
+		})
+	}
+}
+
+func TestRun_help(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"-h"}, &stdout, &stderr); code != exitOK {
+		t.Errorf("exit %d, want 0", code)
+	}
+	for _, want := range []string{"Usage: enqueue [flags]", "-tenants list", "-max-retry int", "REDIS_ADDR"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("usage lacks %q:\n%s", want, stdout.String())
+		}
+	}
+}

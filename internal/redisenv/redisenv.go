@@ -1,0 +1,159 @@
+// Package redisenv reads the Redis connection settings that every command of this module
+// (cmd/worker, cmd/enqueue, cmd/demo) takes from the environment, so that they all reach
+// the same Redis given the same variables:
+//
+//	REDIS_ADDR         host:port; a comma-separated list means Redis Cluster nodes, or
+//	                   Sentinel addresses when REDIS_MASTER_NAME is set. Defaults to
+//	                   "127.0.0.1:6379".
+//	REDIS_MASTER_NAME  Sentinel master name. Defaults to empty: no Sentinel.
+//	REDIS_PASSWORD     password of the Redis data nodes. Defaults to empty: no AUTH.
+//	REDIS_DB           database number, >= 0. Defaults to 0. Redis Cluster has only 0.
+//
+// A command builds one client with Config.NewClient and shares it with asynq through
+// asynq.NewClientFromRedisClient, NewServerFromRedisClient and NewInspectorFromRedisClient.
+package redisenv
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/kelseyhightower/envconfig"
+	"github.com/redis/go-redis/v9"
+)
+
+// Config is the Redis connection read from the environment by Load. Its zero value is
+// not valid: use Load, or fill Addr and call Validate.
+type Config struct {
+	// Addr is one host:port, or a comma-separated list of them (spaces around commas
+	// are ignored): Redis Cluster nodes, or Sentinel addresses when MasterName is set.
+	// Defaults to "127.0.0.1:6379".
+	Addr string `envconfig:"REDIS_ADDR" default:"127.0.0.1:6379"`
+	// MasterName is the Sentinel master name; when set, Addr lists Sentinels.
+	// Defaults to empty: Addr lists Redis nodes.
+	MasterName string `envconfig:"REDIS_MASTER_NAME"`
+	// Password authenticates to the Redis data nodes (not to Sentinels).
+	// Defaults to empty: no AUTH.
+	Password string `envconfig:"REDIS_PASSWORD"`
+	// DB is the database selected after connecting; at least 0. Defaults to 0, the only
+	// database Redis Cluster has.
+	DB int `envconfig:"REDIS_DB" default:"0"`
+}
+
+// Load reads Config from REDIS_ADDR, REDIS_MASTER_NAME, REDIS_PASSWORD and REDIS_DB,
+// applies the defaults of unset variables, and validates the result with Validate.
+// An error names the variable and quotes its offending text, as in
+// `redisenv: REDIS_DB="abc": not an integer`.
+func Load() (Config, error) {
+	var c Config
+	if err := envconfig.Process("", &c); err != nil {
+		var pe *envconfig.ParseError
+		if errors.As(err, &pe) {
+			return Config{}, fmt.Errorf("redisenv: %s=%q: %s", pe.KeyName, pe.Value, parseProblem(pe))
+		}
+		return Config{}, fmt.Errorf("redisenv: %w", err)
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// parseProblem says in words why envconfig could not convert pe.Value.
+func parseProblem(pe *envconfig.ParseError) string {
+	if strings.HasPrefix(pe.TypeName, "int") {
+		var ne *strconv.NumError
+		if errors.As(pe.Err, &ne) && errors.Is(ne.Err, strconv.ErrRange) {
+			return "integer out of range"
+		}
+		return "not an integer"
+	}
+	return fmt.Sprintf("not a valid %s: %v", pe.TypeName, pe.Err)
+}
+
+// Validate reports the first problem of c: an address in Addr that is not host:port with
+// a non-empty host and a numeric port in 1-65535 (error names REDIS_ADDR and quotes its
+// text), a negative DB, or a DB other than 0 for a Redis Cluster (several addresses and
+// no MasterName), which has only database 0.
+func (c Config) Validate() error {
+	addrs := c.Addrs()
+	for _, a := range addrs {
+		if err := checkAddr(a); err != nil {
+			return fmt.Errorf("redisenv: REDIS_ADDR=%q: %w", c.Addr, err)
+		}
+	}
+	if c.DB < 0 {
+		return fmt.Errorf("redisenv: REDIS_DB=%d: must be at least 0", c.DB)
+	}
+	if c.DB != 0 && c.MasterName == "" && len(addrs) > 1 {
+		return fmt.Errorf("redisenv: REDIS_DB=%d: Redis Cluster (REDIS_ADDR lists %d nodes) has only database 0",
+			c.DB, len(addrs))
+	}
+	return nil
+}
+
+// checkAddr reports why a is not host:port.
+func checkAddr(a string) error {
+	if a == "" {
+		return errors.New("empty address")
+	}
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			return fmt.Errorf("%q is not host:port: %s", a, ae.Err)
+		}
+		return fmt.Errorf("%q is not host:port: %v", a, err)
+	}
+	if host == "" {
+		return fmt.Errorf("%q is not host:port: missing host", a)
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+		return fmt.Errorf("%q is not host:port: port %q is not a number in 1-65535", a, port)
+	}
+	return nil
+}
+
+// Addrs returns the addresses listed in Addr, split at commas, spaces trimmed. Empty
+// entries are kept, so that Validate reports them.
+func (c Config) Addrs() []string {
+	addrs := strings.Split(c.Addr, ",")
+	for i, a := range addrs {
+		addrs[i] = strings.TrimSpace(a)
+	}
+	return addrs
+}
+
+// UniversalOptions returns the go-redis options for c: Addrs, MasterName, Password and DB
+// set, everything else at go-redis defaults. redis.NewUniversalClient then picks a
+// Sentinel-backed client when MasterName is set, a cluster client for several addresses,
+// and a single-node client otherwise. It does not validate c.
+func (c Config) UniversalOptions() *redis.UniversalOptions {
+	return &redis.UniversalOptions{
+		Addrs:      c.Addrs(),
+		MasterName: c.MasterName,
+		Password:   c.Password,
+		DB:         c.DB,
+	}
+}
+
+// NewClient returns a client for c, made by redis.NewUniversalClient from
+// c.UniversalOptions. It does not connect until first used, and does not validate c (Load
+// does). The caller closes it; asynq does not close a client passed to its
+// *FromRedisClient constructors.
+func (c Config) NewClient() redis.UniversalClient {
+	return redis.NewUniversalClient(c.UniversalOptions())
+}
+
+// String describes c for logs in the variables' terms, hiding the password:
+// `REDIS_ADDR="127.0.0.1:6379" REDIS_MASTER_NAME="" REDIS_PASSWORD=<set> REDIS_DB=0`.
+func (c Config) String() string {
+	pw := "<empty>"
+	if c.Password != "" {
+		pw = "<set>"
+	}
+	return fmt.Sprintf("REDIS_ADDR=%q REDIS_MASTER_NAME=%q REDIS_PASSWORD=%s REDIS_DB=%d",
+		c.Addr, c.MasterName, pw, c.DB)
+}

@@ -1,0 +1,207 @@
+package redisenv_test
+
+import (
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
+	"github.com/redis/go-redis/v9"
+)
+
+// vars are the variables Load reads; each case starts with all of them unset.
+var vars = []string{"REDIS_ADDR", "REDIS_MASTER_NAME", "REDIS_PASSWORD", "REDIS_DB"}
+
+// setEnv unsets every variable in vars, then sets env, restoring all at cleanup.
+func setEnv(t *testing.T, env map[string]string) {
+	t.Helper()
+	for _, k := range vars {
+		t.Setenv(k, "") // registers the restore
+		if err := os.Unsetenv(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	tests := []struct {
+		name    string
+		env     map[string]string
+		want    redisenv.Config
+		wantErr string // exact error text; empty means no error
+	}{
+		{
+			name: "Defaults",
+			want: redisenv.Config{Addr: "127.0.0.1:6379"},
+		},
+		{
+			name: "SingleNodeAllSet",
+			env:  map[string]string{"REDIS_ADDR": "redis.internal:6380", "REDIS_PASSWORD": "s3cret", "REDIS_DB": "3"},
+			want: redisenv.Config{Addr: "redis.internal:6380", Password: "s3cret", DB: 3},
+		},
+		{
+			name: "ClusterList",
+			env:  map[string]string{"REDIS_ADDR": "10.0.0.1:7000, 10.0.0.2:7001,10.0.0.3:7002"},
+			want: redisenv.Config{Addr: "10.0.0.1:7000, 10.0.0.2:7001,10.0.0.3:7002"},
+		},
+		{
+			name: "SentinelWithDB",
+			env:  map[string]string{"REDIS_ADDR": "s1:26379,s2:26379", "REDIS_MASTER_NAME": "mymaster", "REDIS_DB": "2"},
+			want: redisenv.Config{Addr: "s1:26379,s2:26379", MasterName: "mymaster", DB: 2},
+		},
+		{
+			name: "IPv6",
+			env:  map[string]string{"REDIS_ADDR": "[::1]:6379"},
+			want: redisenv.Config{Addr: "[::1]:6379"},
+		},
+		{
+			name:    "BadDB",
+			env:     map[string]string{"REDIS_DB": "abc"},
+			wantErr: `redisenv: REDIS_DB="abc": not an integer`,
+		},
+		{
+			name:    "DBOutOfRange",
+			env:     map[string]string{"REDIS_DB": "99999999999999999999"},
+			wantErr: `redisenv: REDIS_DB="99999999999999999999": integer out of range`,
+		},
+		{
+			name:    "NegativeDB",
+			env:     map[string]string{"REDIS_DB": "-1"},
+			wantErr: `redisenv: REDIS_DB=-1: must be at least 0`,
+		},
+		{
+			name:    "ClusterWithDB",
+			env:     map[string]string{"REDIS_ADDR": "a:7000,b:7001", "REDIS_DB": "1"},
+			wantErr: `redisenv: REDIS_DB=1: Redis Cluster (REDIS_ADDR lists 2 nodes) has only database 0`,
+		},
+		{
+			name:    "AddrMissingPort",
+			env:     map[string]string{"REDIS_ADDR": "localhost"},
+			wantErr: `redisenv: REDIS_ADDR="localhost": "localhost" is not host:port: missing port in address`,
+		},
+		{
+			name:    "AddrPortNotNumeric",
+			env:     map[string]string{"REDIS_ADDR": "localhost:redis"},
+			wantErr: `redisenv: REDIS_ADDR="localhost:redis": "localhost:redis" is not host:port: port "redis" is not a number in 1-65535`,
+		},
+		{
+			name:    "AddrPortZero",
+			env:     map[string]string{"REDIS_ADDR": "localhost:0"},
+			wantErr: `redisenv: REDIS_ADDR="localhost:0": "localhost:0" is not host:port: port "0" is not a number in 1-65535`,
+		},
+		{
+			name:    "AddrMissingHost",
+			env:     map[string]string{"REDIS_ADDR": ":6379"},
+			wantErr: `redisenv: REDIS_ADDR=":6379": ":6379" is not host:port: missing host`,
+		},
+		{
+			name:    "AddrSetEmpty",
+			env:     map[string]string{"REDIS_ADDR": ""},
+			wantErr: `redisenv: REDIS_ADDR="": empty address`,
+		},
+		{
+			name:    "BadAddrInClusterList",
+			env:     map[string]string{"REDIS_ADDR": "a:7000,b,c:7002"},
+			wantErr: `redisenv: REDIS_ADDR="a:7000,b,c:7002": "b" is not host:port: missing port in address`,
+		},
+		{
+			name:    "EmptyEntryInClusterList",
+			env:     map[string]string{"REDIS_ADDR": "a:7000,,c:7002"},
+			wantErr: `redisenv: REDIS_ADDR="a:7000,,c:7002": empty address`,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { // no t.Parallel: t.Setenv
+			setEnv(t, tc.env)
+			got, err := redisenv.Load()
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("Load() error = %v, want %s", err, tc.wantErr)
+				}
+				if got != (redisenv.Config{}) {
+					t.Errorf("Load() on error returned %+v, want the zero Config", got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Load() error = %v", err)
+			}
+			if got != tc.want {
+				t.Errorf("Load() = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestConfig_UniversalOptions(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		cfg  redisenv.Config
+		want redis.UniversalOptions
+	}{
+		{
+			name: "SingleNode",
+			cfg:  redisenv.Config{Addr: "127.0.0.1:6379", Password: "pw", DB: 4},
+			want: redis.UniversalOptions{Addrs: []string{"127.0.0.1:6379"}, Password: "pw", DB: 4},
+		},
+		{
+			name: "ClusterTrimsSpaces",
+			cfg:  redisenv.Config{Addr: "a:7000 , b:7001"},
+			want: redis.UniversalOptions{Addrs: []string{"a:7000", "b:7001"}},
+		},
+		{
+			name: "Sentinel",
+			cfg:  redisenv.Config{Addr: "s1:26379,s2:26379", MasterName: "mymaster", DB: 1},
+			want: redis.UniversalOptions{Addrs: []string{"s1:26379", "s2:26379"}, MasterName: "mymaster", DB: 1},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := tc.cfg.UniversalOptions(); !reflect.DeepEqual(*got, tc.want) {
+				t.Errorf("UniversalOptions() = %+v, want %+v", *got, tc.want)
+			}
+		})
+	}
+}
+
+func TestConfig_NewClient(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		cfg  redisenv.Config
+		want string // client type
+	}{
+		{name: "SingleNode", cfg: redisenv.Config{Addr: "127.0.0.1:6379"}, want: "*redis.Client"},
+		{name: "Cluster", cfg: redisenv.Config{Addr: "a:7000,b:7001"}, want: "*redis.ClusterClient"},
+		{name: "Sentinel", cfg: redisenv.Config{Addr: "s1:26379", MasterName: "mymaster"}, want: "*redis.Client"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := tc.cfg.NewClient()
+			defer c.Close()
+			if got := reflect.TypeOf(c).String(); got != tc.want {
+				t.Errorf("NewClient() is a %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestConfig_String_hidesPassword(t *testing.T) {
+	t.Parallel()
+	c := redisenv.Config{Addr: "a:1", Password: "s3cret", DB: 2}
+	got := c.String()
+	want := `REDIS_ADDR="a:1" REDIS_MASTER_NAME="" REDIS_PASSWORD=<set> REDIS_DB=2`
+	if got != want {
+		t.Errorf("String() = %s, want %s", got, want)
+	}
+	if strings.Contains(got, "s3cret") {
+		t.Errorf("String() reveals the password: %s", got)
+	}
+}

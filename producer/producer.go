@@ -1,0 +1,67 @@
+// Package producer tags asynq tasks with the tenant they run for, in the task header
+// TenantHeader, which the throttling middleware of package worker reads to pick the
+// tenant's quota.
+//
+// The tenant travels in an asynq header (asynq.NewTaskWithHeaders, asynq v0.26.0), not in
+// the payload: it survives retries and re-queues, and handlers keep their own payload
+// format. Tasks built here are ordinary *asynq.Task values; enqueue them with any
+// *asynq.Client, or with Enqueue.
+package producer
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"maps"
+
+	"github.com/hibiken/asynq"
+)
+
+// TenantHeader is the task header that carries the tenant, the default that worker.Config reads.
+const TenantHeader = "tenant"
+
+// NewTask returns an asynq task of taskType with payload whose TenantHeader is tenant
+// (asynq.NewTaskWithHeaders, which carries headers through retries). opts are as for
+// asynq.NewTask: they apply whenever the task is enqueued, before options given to
+// Enqueue. The tenant is stored as given; an empty tenant is a present, empty header.
+func NewTask(taskType string, payload []byte, tenant string, opts ...asynq.Option) *asynq.Task {
+	return asynq.NewTaskWithHeaders(taskType, payload, map[string]string{TenantHeader: tenant}, opts...)
+}
+
+// WithTenant returns a copy of task (type, payload, headers) whose TenantHeader is
+// tenant; other headers are kept, and task is not modified. The copy shares no memory
+// with task.
+//
+// asynq.Task has no way to read the options it was created with, so the copy does not
+// inherit them: opts are the copy's only options. Pass again any options task needs
+// (queue, MaxRetry, ...), or give them to the Enqueue call instead.
+func WithTenant(task *asynq.Task, tenant string, opts ...asynq.Option) *asynq.Task {
+	headers := maps.Clone(task.Headers())
+	if headers == nil {
+		headers = make(map[string]string, 1)
+	}
+	headers[TenantHeader] = tenant
+	return asynq.NewTaskWithHeaders(task.Type(), bytes.Clone(task.Payload()), headers, opts...)
+}
+
+// Tenant returns the task's TenantHeader value and whether the header is present.
+// A nil task has no tenant.
+func Tenant(task *asynq.Task) (tenant string, ok bool) {
+	if task == nil {
+		return "", false
+	}
+	tenant, ok = task.Headers()[TenantHeader]
+	return tenant, ok
+}
+
+// Enqueue enqueues a task of taskType for tenant with c, as NewTask then
+// c.EnqueueContext: opts are the enqueue options (queue, MaxRetry, ProcessIn, ...).
+// ctx bounds the enqueue call only, not the task's processing. The error wraps
+// asynq's, so errors.Is finds asynq.ErrDuplicateTask and asynq.ErrTaskIDConflict.
+func Enqueue(ctx context.Context, c *asynq.Client, taskType string, payload []byte, tenant string, opts ...asynq.Option) (*asynq.TaskInfo, error) {
+	info, err := c.EnqueueContext(ctx, NewTask(taskType, payload, tenant), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("producer: enqueue %s for tenant %q: %w", taskType, tenant, err)
+	}
+	return info, nil
+}
