@@ -26,6 +26,7 @@ type Server struct {
 
 	tb     testing.TB
 	port   int
+	dir    string // working directory, kept across Restart so AOF or RDB files survive
 	mu     sync.Mutex
 	cmd    *exec.Cmd     // nil while stopped
 	exited chan struct{} // closed when cmd has exited
@@ -38,14 +39,15 @@ func Start(tb testing.TB) *redis.Client {
 	return StartServer(tb).Client()
 }
 
-// StartServer runs a redis-server on a free loopback port, persistence off, and waits
-// until it answers PING (at most 10s). t.Cleanup kills it.
+// StartServer runs a redis-server on a free loopback port, persistence off unless
+// extraArgs turn it on (they follow the defaults, so they win), and waits until it
+// answers PING (at most 10s). t.Cleanup kills it.
 func StartServer(tb testing.TB, extraArgs ...string) *Server {
 	tb.Helper()
 	path := lookPath(tb)
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ { // another process may take the free port first
-		s := &Server{tb: tb, port: freePort(tb)}
+		s := &Server{tb: tb, port: freePort(tb), dir: tb.TempDir()}
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
 		if lastErr = s.start(path, extraArgs); lastErr == nil {
 			tb.Cleanup(s.kill)
@@ -69,8 +71,9 @@ func (s *Server) Stop() {
 	s.kill()
 }
 
-// Restart starts the server again on the same port, empty (persistence is off), and
-// waits until it answers PING.
+// Restart starts the server again on the same port and directory and waits until it
+// answers PING. It comes back empty unless extraArgs (at start and restart) turned
+// persistence on, e.g. "--appendonly", "yes".
 func (s *Server) Restart(extraArgs ...string) {
 	s.tb.Helper()
 	if err := s.start(lookPath(s.tb), extraArgs); err != nil {
@@ -80,7 +83,7 @@ func (s *Server) Restart(extraArgs ...string) {
 
 func (s *Server) start(path string, extraArgs []string) error {
 	args := append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.tb.TempDir()}, extraArgs...)
+		"--save", "", "--appendonly", "no", "--dir", s.dir}, extraArgs...)
 	cmd := exec.Command(path, args...)
 	if err := cmd.Start(); err != nil {
 		return err
