@@ -1,0 +1,181 @@
+package main
+
+import (
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// envVars are every variable the worker reads.
+var envVars = []string{
+	"WORKER_QUEUES", "WORKER_CONCURRENCY", "WORKER_FORWARDER_INTERVAL", "THROTTLE_RULES",
+	"THROTTLE_TENANT_HEADER", "THROTTLE_PREFIX", "DEMO_API_URL", "WORKER_WORK_TIME",
+	"WORKER_LOG_INTERVAL", "REDIS_ADDR", "REDIS_MASTER_NAME", "REDIS_PASSWORD", "REDIS_DB",
+}
+
+// clearEnv unsets every variable the worker reads, for this test only, then sets kv
+// (name, value, name, value...).
+func clearEnv(t *testing.T, kv ...string) {
+	t.Helper()
+	for _, name := range envVars {
+		t.Setenv(name, "") // restores the old value at cleanup
+		if err := os.Unsetenv(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		t.Setenv(kv[i], kv[i+1])
+	}
+}
+
+func TestLoadConfig_defaults(t *testing.T) {
+	clearEnv(t)
+	got, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		Queues:            Queues{"default": 1},
+		Concurrency:       10,
+		ForwarderInterval: time.Second,
+		Rules: Rules{{TaskType: "api:call", Quotas: []throttle.Quota{
+			{Scope: throttle.ScopeTenant, Limit: throttle.Limit{Events: 5, Window: 2 * time.Second}}}}},
+		TenantHeader: "tenant",
+		Prefix:       "throttle",
+		DemoAPIURL:   "",
+		WorkTime:     20 * time.Millisecond,
+		LogInterval:  time.Second,
+		Redis:        redisenv.Config{Addr: "127.0.0.1:6379"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("defaults:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func TestLoadConfig_allSet(t *testing.T) {
+	clearEnv(t,
+		"WORKER_QUEUES", "default:1, critical:6",
+		"WORKER_CONCURRENCY", "3",
+		"WORKER_FORWARDER_INTERVAL", "250ms",
+		"THROTTLE_RULES", "api:call tenant=5/2s type=20/1s; email:send tenant=100/1h;",
+		"THROTTLE_TENANT_HEADER", "org",
+		"THROTTLE_PREFIX", "rl",
+		"DEMO_API_URL", "http://127.0.0.1:8080/call",
+		"WORKER_WORK_TIME", "0s",
+		"WORKER_LOG_INTERVAL", "5s",
+		"REDIS_ADDR", "127.0.0.1:7000",
+		"REDIS_DB", "5",
+	)
+	got, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		Queues:            Queues{"default": 1, "critical": 6},
+		Concurrency:       3,
+		ForwarderInterval: 250 * time.Millisecond,
+		Rules: Rules{
+			{TaskType: "api:call", Quotas: []throttle.Quota{
+				{Scope: throttle.ScopeTenant, Limit: throttle.Limit{Events: 5, Window: 2 * time.Second}},
+				{Scope: throttle.ScopeType, Limit: throttle.Limit{Events: 20, Window: time.Second}}}},
+			{TaskType: "email:send", Quotas: []throttle.Quota{
+				{Scope: throttle.ScopeTenant, Limit: throttle.PerHour(100)}}},
+		},
+		TenantHeader: "org",
+		Prefix:       "rl",
+		DemoAPIURL:   "http://127.0.0.1:8080/call",
+		WorkTime:     0,
+		LogInterval:  5 * time.Second,
+		Redis:        redisenv.Config{Addr: "127.0.0.1:7000", DB: 5},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+	if s := got.Queues.String(); s != "critical:6,default:1" {
+		t.Errorf("Queues.String() = %q", s)
+	}
+	var rules []string
+	for _, r := range got.Rules {
+		rules = append(rules, r.String())
+	}
+	if s := strings.Join(rules, "; "); s != "api:call tenant=5/2s type=20/1s; email:send tenant=100/1h" {
+		t.Errorf("rules = %q", s)
+	}
+}
+
+// TestLoadConfig_malformed checks that each bad value is reported as NAME="text": and
+// then says what is wrong.
+func TestLoadConfig_malformed(t *testing.T) {
+	tests := []struct {
+		name, value string
+		problem     string // in the error after `NAME="value": `
+	}{
+		{"THROTTLE_RULES", "api:call tenant=5", `worker: rule 1 "api:call tenant=5": quota "tenant=5": throttle: limit "5": want events/window`},
+		{"THROTTLE_RULES", "api:call", `worker: rule 1 "api:call": task type "api:call" has no quota`},
+		{"THROTTLE_RULES", "api:call user=5/1s", `quota "user=5/1s": unknown scope "user"; want tenant or type`},
+		{"THROTTLE_RULES", "api:call tenant=five/1s", `events "five" is not an integer`},
+		{"THROTTLE_RULES", "api:call tenant=0/1s", `events must be at least 1, got 0`},
+		{"THROTTLE_RULES", "api:call tenant=5/2", `window "2" is not a Go duration`},
+		{"THROTTLE_RULES", "api:call tenant=5/0s", `window must be at least 1ms`},
+		{"THROTTLE_RULES", "api:call tenant=5/1s; api:call type=9/1s", `worker: rule 2 "api:call type=9/1s": task type "api:call" already has rule 1`},
+		{"THROTTLE_RULES", "", `no rule; want e.g.`},
+		{"THROTTLE_RULES", " ; ", `no rule; want e.g.`},
+		{"WORKER_CONCURRENCY", "ten", `not an integer`},
+		{"WORKER_CONCURRENCY", "0", `must be at least 1`},
+		{"WORKER_CONCURRENCY", "-4", `must be at least 1`},
+		{"WORKER_FORWARDER_INTERVAL", "1", `not a Go duration such as 1s`},
+		{"WORKER_FORWARDER_INTERVAL", "0s", `must be positive`},
+		{"WORKER_LOG_INTERVAL", "fast", `not a Go duration such as 1s`},
+		{"WORKER_LOG_INTERVAL", "0", `must be positive`},
+		{"WORKER_WORK_TIME", "-1ms", `must not be negative`},
+		{"WORKER_QUEUES", "default", `queue "default": want queue:priority`},
+		{"WORKER_QUEUES", "default:high", `queue "default": priority "high" is not an integer >= 1`},
+		{"WORKER_QUEUES", "default:0", `queue "default": priority "0" is not an integer >= 1`},
+		{"WORKER_QUEUES", "default:1,default:2", `queue "default" is listed twice`},
+		{"WORKER_QUEUES", "", `no queue`},
+		{"THROTTLE_TENANT_HEADER", "", `must not be empty`},
+		{"THROTTLE_PREFIX", "a{b}", `must not contain '{' or '}'`},
+		{"DEMO_API_URL", "localhost:8080", `want an http:// or https:// URL`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
+			clearEnv(t, tc.name, tc.value)
+			_, err := loadConfig()
+			if err == nil {
+				t.Fatalf("%s=%q: no error", tc.name, tc.value)
+			}
+			prefix := tc.name + `="` + tc.value + `": `
+			if msg := err.Error(); !strings.HasPrefix(msg, prefix) || !strings.Contains(msg, tc.problem) {
+				t.Errorf("error %q\nwant it to start with %q and contain %q", msg, prefix, tc.problem)
+			}
+		})
+	}
+}
+
+// TestLoadConfig_redisenv checks that the REDIS_* variables are read, and checked, by
+// package redisenv.
+func TestLoadConfig_redisenv(t *testing.T) {
+	clearEnv(t, "REDIS_DB", "five")
+	_, err := loadConfig()
+	if err == nil || err.Error() != `redisenv: REDIS_DB="five": not an integer` {
+		t.Errorf("got %v", err)
+	}
+}
+
+func TestRules_Decode(t *testing.T) {
+	var r Rules
+	if err := r.Decode("email:send  tenant=100/1h tenant=10/1m"); err != nil {
+		t.Fatal(err)
+	}
+	want := Rules{{TaskType: "email:send", Quotas: []throttle.Quota{
+		{Scope: throttle.ScopeTenant, Limit: throttle.PerHour(100)},
+		{Scope: throttle.ScopeTenant, Limit: throttle.PerMinute(10)}}}}
+	if !reflect.DeepEqual(r, want) || r[0].String() != "email:send tenant=100/1h tenant=10/1m" {
+		t.Errorf("got %v", r)
+	}
+}

@@ -1,0 +1,194 @@
+// Command worker is an asynq worker whose tasks are throttled per tenant and per task type
+// by THROTTLE_RULES. Every task, of any type, goes to one demo handler that POSTs it to
+// DEMO_API_URL or, if that is unset, sleeps WORKER_WORK_TIME. Every WORKER_LOG_INTERVAL it
+// logs, for each task type and tenant with activity, how many tasks ran and how many were
+// throttled:
+//
+//	2026/11/30 05:01:02 api:call tenant=acme ran=5 throttled=12
+//
+// It is configured by environment variables only; `worker -h` lists them with their
+// defaults. A malformed variable is reported on stderr, naming it, with exit status 2.
+// SIGINT or SIGTERM shuts it down gracefully (a second one kills it).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/kelseyhightower/envconfig"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+	"github.com/asynq-throttle/asynq-throttle/worker"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal kills the process at once
+	}()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// Exit statuses of run.
+const (
+	exitOK     = 0
+	exitError  = 1 // Redis unreachable, asynq would not start
+	exitConfig = 2 // bad arguments or environment
+)
+
+// redisPingTimeout bounds the startup check that Redis answers.
+const redisPingTimeout = 5 * time.Second
+
+// run is the worker: it reads the environment, starts an asynq server on the Redis of
+// REDIS_*, logs activity to stdout and asynq's warnings and errors to stderr, and shuts
+// down when ctx ends. It returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { usage(stderr) }
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitConfig
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "worker: unexpected argument %q: the worker is configured by environment variables (worker -h lists them)\n", fs.Arg(0))
+		return exitConfig
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return exitConfig
+	}
+
+	logger := log.New(stdout, "", log.LstdFlags)
+	rdb := cfg.Redis.NewClient() // one client for the limiter, the middleware and asynq
+	defer rdb.Close()
+	pingCtx, cancel := context.WithTimeout(ctx, redisPingTimeout)
+	err = rdb.Ping(pingCtx).Err()
+	cancel()
+	if err != nil {
+		fmt.Fprintf(stderr, "worker: Redis at REDIS_ADDR=%q does not answer: %v\n", cfg.Redis.Addr, err)
+		return exitError
+	}
+	lim, err := throttle.New(rdb, throttle.Config{Prefix: cfg.Prefix})
+	if err != nil {
+		fmt.Fprintf(stderr, "THROTTLE_PREFIX=%q: %v\n", cfg.Prefix, err)
+		return exitConfig
+	}
+	act := newActivity()
+	mw, err := worker.New(lim, worker.Config{
+		Rules:        cfg.Rules,
+		TenantHeader: cfg.TenantHeader,
+		Redis:        rdb,
+		DecisionFunc: act.decided,
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "THROTTLE_RULES=%q: %v\n", os.Getenv("THROTTLE_RULES"), err)
+		return exitConfig
+	}
+	srv := asynq.NewServerFromRedisClient(rdb, worker.WrapConfig(asynq.Config{
+		Concurrency:              cfg.Concurrency,
+		Queues:                   cfg.Queues,
+		DelayedTaskCheckInterval: cfg.ForwarderInterval,
+		Logger:                   newAsynqLogger(stderr),
+		// Warnings and errors only: at Info asynq logs its lifecycle chatter. The one
+		// warning that floods, "revoke task id=...", once per throttled task that had no
+		// retry left, is dropped by asynqLogger; other warnings (a task archived after its
+		// last retry, Redis trouble) still show.
+		LogLevel: asynq.WarnLevel,
+	}))
+
+	for _, r := range cfg.Rules {
+		logger.Printf("rule %s", r)
+	}
+	logger.Printf("redis %s", cfg.Redis)
+	logger.Printf("queues %s concurrency %d forwarder interval %s tenant header %q key prefix %q",
+		cfg.Queues, cfg.Concurrency, cfg.ForwarderInterval, cfg.TenantHeader, cfg.Prefix)
+	h := demoHandler{url: cfg.DemoAPIURL, work: cfg.WorkTime, tenantHeader: cfg.TenantHeader,
+		client: &http.Client{Timeout: 30 * time.Second}}
+	if h.url != "" {
+		logger.Printf("handler POSTs each task to DEMO_API_URL=%s", h.url)
+	} else {
+		logger.Printf("handler sleeps WORKER_WORK_TIME=%s per task (DEMO_API_URL unset)", h.work)
+	}
+
+	// srv.Run would wait for SIGINT/SIGTERM itself; main turns those into ctx instead, so
+	// that tests can stop the worker too.
+	if err := srv.Start(mw(act.handler(cfg.TenantHeader, h))); err != nil {
+		fmt.Fprintf(stderr, "worker: start asynq server: %v\n", err)
+		return exitError
+	}
+	tick := time.NewTicker(cfg.LogInterval)
+	defer tick.Stop()
+	for done := false; !done; {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			logger.Printf("shutting down")
+			srv.Shutdown() // waits for running tasks (asynq's ShutdownTimeout, 8s)
+			done = true
+		}
+		for _, line := range act.take() {
+			logger.Print(line)
+		}
+	}
+	logger.Printf("stopped")
+	return exitOK
+}
+
+// usage prints how to run the worker and its environment variables with their defaults.
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "Usage: worker\n\nAn asynq worker throttled by THROTTLE_RULES, configured by these environment variables:\n\n")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "VARIABLE\tDEFAULT\tMEANING")
+	_ = envconfig.Usagef("", &Config{}, tw, usageFormat)
+	_ = envconfig.Usagef("", &redisenv.Config{}, tw, usageFormat)
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\nREDIS_ADDR is host:port; a comma-separated list means Redis Cluster nodes, or Sentinels\n"+
+		"when REDIS_MASTER_NAME is set. Example: THROTTLE_RULES='api:call tenant=5/2s type=20/1s; email:send tenant=100/1h'\n")
+}
+
+const usageFormat = "{{range .}}{{usage_key .}}\t{{usage_default .}}\t{{usage_description .}}\n{{end}}"
+
+// asynqLogger is asynq's Logger, writing to stderr with an "asynq: " prefix. It drops
+// the warning "revoke task id=..." that asynq logs for every task the throttle
+// middleware deferred (a throttled task with no retry left): one per throttled task,
+// already counted in the worker's own lines.
+type asynqLogger struct{ l *log.Logger }
+
+var _ asynq.Logger = asynqLogger{}
+
+func newAsynqLogger(w io.Writer) asynqLogger {
+	return asynqLogger{log.New(w, "asynq: ", log.LstdFlags)}
+}
+
+func (a asynqLogger) Debug(args ...any) { a.print("DEBUG: ", args) }
+func (a asynqLogger) Info(args ...any)  { a.print("INFO: ", args) }
+func (a asynqLogger) Warn(args ...any) {
+	if !strings.HasPrefix(fmt.Sprint(args...), "revoke task id=") {
+		a.print("WARN: ", args)
+	}
+}
+func (a asynqLogger) Error(args ...any) { a.print("ERROR: ", args) }
+func (a asynqLogger) Fatal(args ...any) {
+	a.print("FATAL: ", args)
+	os.Exit(1)
+}
+
+func (a asynqLogger) print(level string, args []any) { a.l.Print(level + fmt.Sprint(args...)) }

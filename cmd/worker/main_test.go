@@ -1,0 +1,189 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/producer"
+)
+
+// syncBuffer is a bytes.Buffer safe for the worker's goroutines and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestRun_configErrorExits2(t *testing.T) {
+	tests := []struct {
+		env    []string
+		args   []string
+		stderr string // the whole of stderr
+	}{
+		{env: []string{"THROTTLE_RULES", "api:call tenant=5"},
+			stderr: `THROTTLE_RULES="api:call tenant=5": worker: rule 1 "api:call tenant=5": quota "tenant=5": throttle: limit "5": want events/window, e.g. 5/2s` + "\n"},
+		{env: []string{"WORKER_CONCURRENCY", "ten"}, stderr: `WORKER_CONCURRENCY="ten": not an integer` + "\n"},
+		{env: []string{"REDIS_ADDR", "localhost"},
+			stderr: `redisenv: REDIS_ADDR="localhost": "localhost" is not host:port: missing port in address` + "\n"},
+		{args: []string{"extra"},
+			stderr: `worker: unexpected argument "extra": the worker is configured by environment variables (worker -h lists them)` + "\n"},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(append(tc.env, tc.args...), "="), func(t *testing.T) {
+			clearEnv(t, tc.env...)
+			var stdout, stderr bytes.Buffer
+			if code := run(context.Background(), tc.args, &stdout, &stderr); code != 2 {
+				t.Errorf("exit status %d, want 2", code)
+			}
+			if stderr.String() != tc.stderr || stdout.Len() != 0 {
+				t.Errorf("stderr %q\nwant   %q\nstdout %q, want none", stderr.String(), tc.stderr, stdout.String())
+			}
+		})
+	}
+}
+
+func TestRun_help(t *testing.T) {
+	clearEnv(t)
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"-h"}, &stdout, &stderr); code != 0 {
+		t.Errorf("exit status %d, want 0", code)
+	}
+	for _, name := range envVars {
+		if !strings.Contains(stderr.String(), "\n"+name+" ") {
+			t.Errorf("usage does not list %s:\n%s", name, stderr.String())
+		}
+	}
+}
+
+func TestRun_redisDownExits1(t *testing.T) {
+	srv := redistest.StartServer(t)
+	srv.Stop()
+	clearEnv(t, "REDIS_ADDR", srv.Addr)
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), nil, &stdout, &stderr); code != 1 {
+		t.Errorf("exit status %d, want 1", code)
+	}
+	if want := fmt.Sprintf("worker: Redis at REDIS_ADDR=%q does not answer: ", srv.Addr); !strings.HasPrefix(stderr.String(), want) {
+		t.Errorf("stderr %q, want it to start with %q", stderr.String(), want)
+	}
+}
+
+// activityLine matches a per-interval line of the worker's log.
+var activityLine = regexp.MustCompile(`^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (\S+) tenant=(\S+) ran=(\d+) throttled=(\d+)( failed=\d+)?$`)
+
+// TestRun_endToEnd runs the worker against a throwaway redis-server with
+// "api:call tenant=5/1s" and 3 tenants x 20 tasks: all 60 complete, none is archived or
+// left behind, and the worker's lines count exactly 20 runs per tenant and some throttling.
+func TestRun_endToEnd(t *testing.T) {
+	redisSrv := redistest.StartServer(t)
+	clearEnv(t, "REDIS_ADDR", redisSrv.Addr, "THROTTLE_RULES", "api:call tenant=5/1s")
+	rdb := redisSrv.Client()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	exited := make(chan int, 1)
+	go func() { exited <- run(ctx, nil, &stdout, &stderr) }()
+
+	client := asynq.NewClientFromRedisClient(rdb)
+	tenants := []string{"acme", "globex", "initech"}
+	for i := 1; i <= 20; i++ {
+		for _, tenant := range tenants {
+			payload := []byte(fmt.Sprintf(`{"seq":%d}`, i))
+			// Retention keeps completed tasks, so the Inspector counts them exactly.
+			if _, err := producer.Enqueue(ctx, client, "api:call", payload, tenant, asynq.Retention(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	start := time.Now()
+	deadline := start.Add(60 * time.Second)
+	var qi *asynq.QueueInfo
+	for {
+		var err error
+		if qi, err = insp.GetQueueInfo("default"); err != nil {
+			t.Fatal(err)
+		}
+		if qi.Completed+qi.Archived >= 60 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 60s: completed=%d archived=%d pending=%d active=%d scheduled=%d retry=%d\nstdout:\n%s\nstderr:\n%s",
+				qi.Completed, qi.Archived, qi.Pending, qi.Active, qi.Scheduled, qi.Retry, stdout.String(), stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("60 tasks completed in %s", time.Since(start).Round(100*time.Millisecond))
+	if qi.Completed != 60 || qi.Archived != 0 || qi.Pending+qi.Active+qi.Scheduled+qi.Retry != 0 {
+		t.Errorf("queue: completed=%d archived=%d pending=%d active=%d scheduled=%d retry=%d; want 60 completed, nothing else",
+			qi.Completed, qi.Archived, qi.Pending, qi.Active, qi.Scheduled, qi.Retry)
+	}
+
+	cancel()
+	select {
+	case code := <-exited:
+		if code != 0 {
+			t.Errorf("exit status %d, want 0; stderr:\n%s", code, stderr.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("worker did not stop within 15s of cancel")
+	}
+
+	ran, throttled := map[string]int{}, 0
+	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		m := activityLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		if m[1] != "api:call" || m[5] != "" {
+			t.Errorf("unexpected line %q", line)
+		}
+		n, _ := strconv.Atoi(m[3])
+		d, _ := strconv.Atoi(m[4])
+		ran[m[2]] += n
+		throttled += d
+	}
+	for _, tenant := range tenants {
+		if ran[tenant] != 20 {
+			t.Errorf("tenant %s: the worker logged ran=%d in all, want 20", tenant, ran[tenant])
+		}
+	}
+	if throttled == 0 {
+		t.Errorf("no task was logged as throttled")
+	}
+	for _, want := range []string{" rule api:call tenant=5/1s\n", ` redis REDIS_ADDR="` + redisSrv.Addr + `"`,
+		" queues default:1 concurrency 10 forwarder interval 1s "} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("startup log lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	if stderr.String() != "" {
+		t.Errorf("stderr (asynq's warnings and errors): %s", stderr.String())
+	}
+	if t.Failed() {
+		t.Logf("stdout:\n%s", stdout.String())
+	}
+}
