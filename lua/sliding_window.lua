@@ -8,19 +8,21 @@
 -- log outlives its newest entry by that window. A denial writes nothing. Several quotas
 -- may share one log (10/1s and 500/1h for one tenant). All KEYS share one hash slot.
 --
--- KEYS[j]       ZSET window log: member = event id, score = admission time (ms)
+-- KEYS[j]       ZSET window log: member = "<slot>:<event id>", score = admission time (ms)
 -- ARGV[1]       now_ms    caller's clock, integer ms since the Unix epoch; "" uses the
 --                         server's TIME instead
 -- ARGV[2]       member    unique event id (xid); a replay with the same id finds it in a
 --                         log and reports the admission again without taking a slot
 -- ARGV[3]       cost      slots the event takes, integer >= 1
--- ARGV[1+3q], ARGV[2+3q], ARGV[3+3q] for quota q = 1..:
+-- ARGV[4]       max_skew_ms  if > 0 and now_ms is further than this from the server's
+--                         TIME, decide by the server's TIME instead (and say so)
+-- ARGV[2+3q], ARGV[3+3q], ARGV[4+3q] for quota q = 1..:
 --               j         index into KEYS of the quota's log
 --               limit     most slots in one window, integer >= cost
 --               window_ms window length, integer ms >= 1
 --
 -- Returns integers {allowed, replay, binding, count, remaining, retry_after_ms, reset_ms,
--- now_ms, server_ms}:
+-- now_ms, server_ms, skewed}:
 --   allowed        1 admitted (or replayed), 0 denied
 --   replay         1 if member was already in a log: nothing was written
 --   binding        the quota q that decided: on denial the one with the longest
@@ -33,24 +35,29 @@
 --   reset_ms       ms until every quota's window is empty if nothing more is admitted
 --   now_ms         the instant decided on (ARGV[1], or the server's TIME)
 --   server_ms      the server's TIME in ms, for clock-skew checks
+--   skewed         1 if now_ms was off by more than max_skew_ms and TIME was used
 
 local time = redis.call('TIME')
 local server_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
 local now_arg = ARGV[1]
-local now
-if now_arg == '' then
+local now = tonumber(now_arg)
+local max_skew = tonumber(ARGV[4])
+local skewed = 0
+if now_arg == '' or (max_skew > 0 and math.abs(now - server_ms) > max_skew) then
+  skewed = now_arg == '' and 0 or 1
   now = server_ms
   now_arg = string.format('%d', now)
-else
-  now = tonumber(now_arg)
 end
 local member = ARGV[2]
 local cost = tonumber(ARGV[3])
 
+-- An event of cost c is c entries "1:<member>" .. "<c>:<member>": the number before the
+-- first ':' keeps the entries of distinct (member, slot) pairs distinct, whatever the
+-- member contains.
 local replay = false
 for j = 1, #KEYS do
-  if redis.call('ZSCORE', KEYS[j], member) then
+  if redis.call('ZSCORE', KEYS[j], '1:' .. member) then
     replay = true
     break
   end
@@ -59,14 +66,14 @@ end
 -- Count every quota's window without writing: a denial leaves the logs untouched.
 local logs, limits, windows, counts = {}, {}, {}, {}
 local longest = {}
-local nq = (#ARGV - 3) / 3
+local nq = (#ARGV - 4) / 3
 local retry_after = 0
 local binding = 1
 for q = 1, nq do
-  local j = tonumber(ARGV[1 + 3 * q])
+  local j = tonumber(ARGV[2 + 3 * q])
   logs[q] = KEYS[j]
-  limits[q] = tonumber(ARGV[2 + 3 * q])
-  windows[q] = tonumber(ARGV[3 + 3 * q])
+  limits[q] = tonumber(ARGV[3 + 3 * q])
+  windows[q] = tonumber(ARGV[4 + 3 * q])
   if longest[j] == nil or windows[q] > windows[longest[j]] then
     longest[j] = q
   end
@@ -95,11 +102,7 @@ if allowed == 1 and not replay then
   local entries = {}
   for c = 1, cost do
     entries[#entries + 1] = now_arg
-    if c == 1 then
-      entries[#entries + 1] = member
-    else
-      entries[#entries + 1] = member .. '#' .. c
-    end
+    entries[#entries + 1] = c .. ':' .. member
   end
   for j = 1, #KEYS do
     local w = windows[longest[j]]
@@ -111,7 +114,7 @@ if allowed == 1 and not replay then
     if newest > now then
       redis.call('PEXPIRE', KEYS[j], string.format('%d', newest - now + w))
     else
-      redis.call('PEXPIRE', KEYS[j], ARGV[3 + 3 * longest[j]])
+      redis.call('PEXPIRE', KEYS[j], ARGV[4 + 3 * longest[j]])
     end
   end
   for q = 1, nq do
@@ -139,4 +142,4 @@ local remaining = limits[binding] - counts[binding]
 if remaining < 0 then
   remaining = 0
 end
-return {allowed, replay and 1 or 0, binding, counts[binding], remaining, retry_after, reset, now, server_ms}
+return {allowed, replay and 1 or 0, binding, counts[binding], remaining, retry_after, reset, now, server_ms, skewed}

@@ -32,15 +32,21 @@ type Decision struct {
 	At time.Time
 	// ServerTime is the Redis server's TIME during the call, to observe clock skew.
 	ServerTime time.Time
+	// SkewFallback reports that the caller's clock was further than Config.MaxSkew from
+	// ServerTime, so the decision was made, and logged, at ServerTime instead.
+	SkewFallback bool
+
+	skew time.Duration // caller's clock minus ServerTime; 0 with ClockRedis
 }
 
 // RetryAt is the instant the request can first be admitted: At + RetryAfter. It is At
 // when Allowed.
 func (d Decision) RetryAt() time.Time { return d.At.Add(d.RetryAfter) }
 
-// Skew is how far the decision's clock ran ahead of the Redis server (negative: behind),
-// to one millisecond. With ClockRedis it is 0.
-func (d Decision) Skew() time.Duration { return d.At.Sub(d.ServerTime) }
+// Skew is how far the caller's clock (or the time given to AllowAt) was ahead of the Redis
+// server's TIME during the call (negative: behind), to one millisecond, including the
+// time the command took to reach the server. With ClockRedis it is 0.
+func (d Decision) Skew() time.Duration { return d.skew }
 
 // ErrDenied matches every *DeniedError under errors.Is.
 var ErrDenied = errors.New("throttle: denied")
@@ -51,7 +57,7 @@ type DeniedError struct {
 	Key        Key
 	Quota      Quota
 	RetryAfter time.Duration // wait from the decision until every quota has room, >= 1ms
-	RetryAt    time.Time     // the decision's instant plus RetryAfter
+	RetryAt    time.Time     // when to retry on the caller's clock: its time after the decision plus RetryAfter
 }
 
 // Error names the task type, tenant, quota and wait.

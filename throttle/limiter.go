@@ -37,7 +37,17 @@ type Config struct {
 	Clock Clock
 	// NowFunc is the local clock. Defaults to time.Now.
 	NowFunc func() time.Time
+	// MaxSkew is how far the local clock may be from the Redis server's TIME before Allow
+	// (with ClockLocal) stops trusting it: the script then decides by the server's TIME and
+	// the Decision says SkewFallback, so a worker with a wrong clock can neither over-admit
+	// nor stall, and can be seen (package worker logs it and counts it). Defaults to 1s;
+	// negative disables the check. AllowAt never checks: its time is deliberate.
+	MaxSkew time.Duration
 }
+
+// DefaultMaxSkew is Config.MaxSkew when left zero: NTP keeps clocks within milliseconds,
+// so a second off means a broken clock, and still leaves room for a slow round trip.
+const DefaultMaxSkew = time.Second
 
 // Request is one event to decide.
 type Request struct {
@@ -66,10 +76,11 @@ var ErrCostOverLimit = errors.New("throttle: cost exceeds limit")
 // Limiter decides events against sliding-window logs in Redis. It is safe for concurrent
 // use by multiple goroutines.
 type Limiter struct {
-	rdb    redis.UniversalClient
-	prefix string
-	clock  Clock
-	now    func() time.Time
+	rdb     redis.UniversalClient
+	prefix  string
+	clock   Clock
+	now     func() time.Time
+	maxSkew time.Duration // <= 0: no check
 }
 
 // New returns a Limiter that keeps its window logs in rdb: a single node, a Sentinel
@@ -82,7 +93,10 @@ func New(rdb redis.UniversalClient, cfg Config) (*Limiter, error) {
 	if cfg.Clock != ClockLocal && cfg.Clock != ClockRedis {
 		return nil, fmt.Errorf("throttle: unknown Clock %d", cfg.Clock)
 	}
-	l := &Limiter{rdb: rdb, prefix: cfg.Prefix, clock: cfg.Clock, now: cfg.NowFunc}
+	l := &Limiter{rdb: rdb, prefix: cfg.Prefix, clock: cfg.Clock, now: cfg.NowFunc, maxSkew: cfg.MaxSkew}
+	if l.maxSkew == 0 {
+		l.maxSkew = DefaultMaxSkew
+	}
 	if l.prefix == "" {
 		l.prefix = DefaultPrefix
 	}
@@ -98,15 +112,15 @@ func New(rdb redis.UniversalClient, cfg Config) (*Limiter, error) {
 // value and must never be read as an admission.
 func (l *Limiter) Allow(ctx context.Context, req Request) (Decision, error) {
 	if l.clock == ClockRedis {
-		return l.decide(ctx, req, "")
+		return l.decide(ctx, req, "", 0)
 	}
-	return l.AllowAt(ctx, req, l.now())
+	return l.decide(ctx, req, strconv.FormatInt(l.now().UnixMilli(), 10), l.maxSkew)
 }
 
 // AllowAt decides req as of now, whatever the Config's Clock: tests drive time with it.
 // now is truncated to the millisecond. Errors are as for Allow.
 func (l *Limiter) AllowAt(ctx context.Context, req Request, now time.Time) (Decision, error) {
-	return l.decide(ctx, req, strconv.FormatInt(now.UnixMilli(), 10))
+	return l.decide(ctx, req, strconv.FormatInt(now.UnixMilli(), 10), 0)
 }
 
 // RedisKey returns the Redis key of the window log that holds key's events at scope, of
@@ -114,7 +128,9 @@ func (l *Limiter) AllowAt(ctx context.Context, req Request, now time.Time) (Deci
 // with both parts escaped by url.PathEscape.
 func (l *Limiter) RedisKey(key Key, scope Scope) string { return redisKey(l.prefix, key, scope) }
 
-func (l *Limiter) decide(ctx context.Context, req Request, nowMS string) (Decision, error) {
+// decide runs the script for req at nowMS ("" for the server's TIME), falling back to the
+// server's TIME if nowMS is more than maxSkew (when > 0) from it.
+func (l *Limiter) decide(ctx context.Context, req Request, nowMS string, maxSkew time.Duration) (Decision, error) {
 	cost, err := validate(req)
 	if err != nil {
 		return Decision{}, err
@@ -125,8 +141,8 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS string) (Decisi
 	}
 	var keys []string
 	var tenantLog, typeLog int // 1-based index into keys, 0 while unused
-	args := make([]any, 3, 3+3*len(req.Quotas))
-	args[0], args[1], args[2] = nowMS, member, cost
+	args := make([]any, 4, 4+3*len(req.Quotas))
+	args[0], args[1], args[2], args[3] = nowMS, member, cost, max(maxSkew.Milliseconds(), 0)
 	for _, q := range req.Quotas {
 		slot := &tenantLog
 		if q.Scope == ScopeType {
@@ -142,20 +158,26 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS string) (Decisi
 	if err != nil {
 		return Decision{}, fmt.Errorf("throttle: allow %s for tenant %q: %w", req.Key.TaskType, req.Key.Tenant, err)
 	}
-	if len(r) != 9 || r[2] < 1 || int(r[2]) > len(req.Quotas) {
+	if len(r) != 10 || r[2] < 1 || int(r[2]) > len(req.Quotas) {
 		return Decision{}, fmt.Errorf("throttle: allow %s for tenant %q: malformed script reply %v", req.Key.TaskType, req.Key.Tenant, r)
 	}
-	return Decision{
-		Allowed:    r[0] == 1,
-		Replay:     r[1] == 1,
-		Quota:      req.Quotas[r[2]-1],
-		Count:      int(r[3]),
-		Remaining:  int(r[4]),
-		RetryAfter: time.Duration(r[5]) * time.Millisecond,
-		ResetAfter: time.Duration(r[6]) * time.Millisecond,
-		At:         time.UnixMilli(r[7]),
-		ServerTime: time.UnixMilli(r[8]),
-	}, nil
+	d := Decision{
+		Allowed:      r[0] == 1,
+		Replay:       r[1] == 1,
+		Quota:        req.Quotas[r[2]-1],
+		Count:        int(r[3]),
+		Remaining:    int(r[4]),
+		RetryAfter:   time.Duration(r[5]) * time.Millisecond,
+		ResetAfter:   time.Duration(r[6]) * time.Millisecond,
+		At:           time.UnixMilli(r[7]),
+		ServerTime:   time.UnixMilli(r[8]),
+		SkewFallback: r[9] == 1,
+	}
+	if nowMS != "" {
+		ms, _ := strconv.ParseInt(nowMS, 10, 64)
+		d.skew = time.Duration(ms-r[8]) * time.Millisecond
+	}
+	return d, nil
 }
 
 // validate checks req before any Redis call and returns its cost.
