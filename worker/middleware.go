@@ -15,10 +15,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"github.com/rs/xid"
+	"golang.org/x/time/rate"
 
 	"github.com/asynq-throttle/asynq-throttle/producer"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
@@ -36,11 +39,30 @@ type Config struct {
 	// middleware re-enqueues there the copy of a denied task that has no retry left.
 	// Required.
 	Redis redis.UniversalClient
+	// FailOpen runs a task unthrottled when the limiter cannot decide (Redis unreachable
+	// or timing out past UnavailableWait). Defaults to false: fail closed, the task does
+	// not run and comes back after UnavailableRetryDelay, not counted as a failure.
+	FailOpen bool
+	// UnavailableWait is how long the middleware keeps asking an unreachable limiter, with
+	// the same event id, before it gives up on this attempt. The same id means a decision
+	// whose reply was lost is found again and not made twice: a task never takes a slot
+	// that it then does not use because of a lost reply shorter than this. Defaults to
+	// DefaultUnavailableWait; bounded by the task's deadline.
+	UnavailableWait time.Duration
+	// Logger receives a line for every task that can never fit (bad cost, cost over a
+	// limit), each fail-open run, and clock-skew fallbacks (at most one a minute).
+	// Defaults to slog.Default().
+	Logger *slog.Logger
+	// Metrics, if set, counts decisions by task type and outcome (see NewMetrics).
+	Metrics *Metrics
 	// DecisionFunc, if set, is called after every decision the limiter makes, admitted or
 	// denied, with the task's key, e.g. to count or log throttling. It must be fast and
 	// safe for concurrent use.
 	DecisionFunc func(ctx context.Context, task *asynq.Task, key throttle.Key, d throttle.Decision)
 }
+
+// DefaultUnavailableWait is Config.UnavailableWait when left zero.
+const DefaultUnavailableWait = 5 * time.Second
 
 // Header names of the copy that replaces a denied task with no retry left.
 const (
@@ -65,8 +87,13 @@ type middleware struct {
 	header    string
 	client    *asynq.Client
 	inspector *asynq.Inspector
+	failOpen  bool
+	wait      time.Duration
+	log       *slog.Logger
+	metrics   *Metrics
 	observe   func(context.Context, *asynq.Task, throttle.Key, throttle.Decision)
 	now       func() time.Time
+	skewLog   rate.Sometimes
 }
 
 // New returns asynq middleware that decides each task of a ruled type against lim before
@@ -90,11 +117,22 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 		header:    cfg.TenantHeader,
 		client:    asynq.NewClientFromRedisClient(cfg.Redis),
 		inspector: asynq.NewInspectorFromRedisClient(cfg.Redis),
+		failOpen:  cfg.FailOpen,
+		wait:      cfg.UnavailableWait,
+		log:       cfg.Logger,
+		metrics:   cfg.Metrics,
 		observe:   cfg.DecisionFunc,
 		now:       time.Now,
+		skewLog:   rate.Sometimes{First: 1, Interval: time.Minute},
 	}
 	if m.header == "" {
 		m.header = producer.TenantHeader
+	}
+	if m.wait == 0 {
+		m.wait = DefaultUnavailableWait
+	}
+	if m.log == nil {
+		m.log = slog.Default()
 	}
 	for _, r := range cfg.Rules {
 		if err := r.Validate(); err != nil {
@@ -127,14 +165,29 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 		return next.ProcessTask(ctx, task)
 	}
 	key := throttle.Key{TaskType: task.Type(), Tenant: task.Headers()[m.header]}
-	d, err := m.lim.Allow(ctx, throttle.Request{Key: key, Quotas: rule.Quotas})
+	cost, err := rule.cost(task)
 	if err != nil {
+		return m.reject(ctx, key, rule, err)
+	}
+	d, err := m.allow(ctx, throttle.Request{Key: key, Quotas: rule.Quotas, Cost: cost, Member: xid.New().String()})
+	switch {
+	case errors.Is(err, throttle.ErrInvalid):
+		return m.reject(ctx, key, rule, err)
+	case err != nil && m.failOpen:
+		m.metrics.count(key.TaskType, OutcomeFailedOpen)
+		m.log.Warn("throttle: limiter unavailable, running task unthrottled (FailOpen)",
+			"task_type", key.TaskType, "tenant", key.Tenant, "err", err)
+		return next.ProcessTask(ctx, task)
+	case err != nil:
+		m.metrics.count(key.TaskType, OutcomeUnavailable)
 		return m.later(ctx, task, fmt.Errorf("%w: %w", ErrUnavailable, err), m.now().Add(UnavailableRetryDelay))
 	}
+	m.checkSkew(key, d)
 	if m.observe != nil {
 		m.observe(ctx, task, key, d)
 	}
 	if d.Allowed {
+		m.metrics.count(key.TaskType, OutcomeAdmitted)
 		return next.ProcessTask(context.WithValue(ctx, decisionKey{}, d), task)
 	}
 	denied := &throttle.DeniedError{
@@ -146,6 +199,58 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 	return m.later(ctx, task, denied, denied.RetryAt)
 }
 
+// allow asks the limiter, and while it cannot answer (a Redis error, not ErrInvalid) asks
+// again with the same request, so the same event id, for up to m.wait and never past
+// ctx's deadline: a decision made by a call whose reply was lost is then found and
+// reported again (Decision.Replay), not made a second time.
+func (m *middleware) allow(ctx context.Context, req throttle.Request) (throttle.Decision, error) {
+	giveUp := m.now().Add(m.wait)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(giveUp) {
+		giveUp = dl
+	}
+	backoff := 50 * time.Millisecond
+	for {
+		d, err := m.lim.Allow(ctx, req)
+		if err == nil || errors.Is(err, throttle.ErrInvalid) || !m.now().Add(backoff).Before(giveUp) {
+			return d, err
+		}
+		select {
+		case <-ctx.Done():
+			return d, err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// reject ends a task that can never be decided (its cost is unreadable, or more than a
+// quota's Events): it logs a line naming the rule and returns err with asynq.SkipRetry,
+// so asynq archives the task with that reason instead of throttling it forever.
+func (m *middleware) reject(ctx context.Context, key throttle.Key, rule Rule, err error) error {
+	m.metrics.count(key.TaskType, OutcomeRejected)
+	id, _ := asynq.GetTaskID(ctx)
+	m.log.Error("throttle: task can never run under its rule; archiving it",
+		"task_id", id, "task_type", key.TaskType, "tenant", key.Tenant, "rule", rule.String(), "err", err)
+	return fmt.Errorf("worker: rule %q: %w: %w", rule.String(), err, asynq.SkipRetry)
+}
+
+// checkSkew logs (at most once a minute) and counts a decision made by the server's clock
+// because the local one was off by more than the limiter's tolerance.
+func (m *middleware) checkSkew(key throttle.Key, d throttle.Decision) {
+	if m.metrics != nil {
+		m.metrics.ClockSkew.Set(d.Skew().Seconds())
+		if d.SkewFallback {
+			m.metrics.SkewFallbacks.WithLabelValues(key.TaskType).Inc()
+		}
+	}
+	if d.SkewFallback {
+		m.skewLog.Do(func() {
+			m.log.Warn("throttle: this worker's clock is off from the Redis server's; deciding by the server's TIME",
+				"skew", d.Skew(), "task_type", key.TaskType)
+		})
+	}
+}
+
 // later returns err, which asynq retries without counting a failure (WrapConfig), if the
 // task has a retry left; otherwise asynq would archive it, so it re-enqueues a copy due
 // at retryAt and revokes the task (deferTask).
@@ -153,7 +258,11 @@ func (m *middleware) later(ctx context.Context, task *asynq.Task, err error, ret
 	retried, _ := asynq.GetRetryCount(ctx)
 	maxRetry, _ := asynq.GetMaxRetry(ctx)
 	if retried < maxRetry {
+		if errors.Is(err, throttle.ErrDenied) {
+			m.metrics.count(task.Type(), OutcomeDenied)
+		}
 		return err
 	}
+	m.metrics.count(task.Type(), OutcomeDeferred)
 	return m.deferTask(ctx, task, err, retryAt, maxRetry-retried)
 }

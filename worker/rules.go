@@ -1,8 +1,12 @@
 package worker
 
 import (
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+
+	"github.com/hibiken/asynq"
 
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
@@ -15,13 +19,56 @@ type Rule struct {
 	// Quotas are decided together, all or nothing: a ScopeTenant quota is a limit for each
 	// tenant, a ScopeType quota one limit for the whole type. At least one.
 	Quotas []throttle.Quota
+	// CostHeader, if set, names a task header whose value, a decimal integer >= 1, is the
+	// number of slots the task takes in every quota (a batch size, a token count). A task
+	// without the header costs 1. Rule text: "cost=header:<name>".
+	CostHeader string
+	// CostFunc, if set, computes the task's cost instead of CostHeader. An error from it
+	// is final for the task (see New).
+	CostFunc func(*asynq.Task) (int, error)
 }
 
-// String formats r as one THROTTLE_RULES rule: "api:call tenant=5/2s type=20/1s".
+// ErrBadCost matches, under errors.Is, the error for a task whose cost cannot be read or is
+// less than 1: it could never be decided, so the middleware returns it with
+// asynq.SkipRetry.
+var ErrBadCost = errors.New("worker: bad task cost")
+
+// cost returns the number of slots task takes under r: CostFunc, else CostHeader, else 1.
+func (r Rule) cost(task *asynq.Task) (int, error) {
+	var n int
+	switch {
+	case r.CostFunc != nil:
+		var err error
+		if n, err = r.CostFunc(task); err != nil {
+			return 0, fmt.Errorf("%w: CostFunc: %w", ErrBadCost, err)
+		}
+	case r.CostHeader != "":
+		v, ok := task.Headers()[r.CostHeader]
+		if !ok {
+			return 1, nil
+		}
+		var err error
+		if n, err = strconv.Atoi(v); err != nil {
+			return 0, fmt.Errorf("%w: header %s=%q is not an integer", ErrBadCost, r.CostHeader, v)
+		}
+	default:
+		return 1, nil
+	}
+	if n < 1 {
+		return 0, fmt.Errorf("%w: cost %d is less than 1", ErrBadCost, n)
+	}
+	return n, nil
+}
+
+// String formats r as one THROTTLE_RULES rule: "api:call tenant=5/2s type=20/1s", with
+// "cost=header:<name>" when CostHeader is set (a CostFunc has no text form).
 func (r Rule) String() string {
 	parts := []string{r.TaskType}
 	for _, q := range r.Quotas {
 		parts = append(parts, q.String())
+	}
+	if r.CostHeader != "" {
+		parts = append(parts, "cost=header:"+r.CostHeader)
 	}
 	return strings.Join(parts, " ")
 }
@@ -46,9 +93,10 @@ func (r Rule) Validate() error {
 // ParseRules reads rules in the THROTTLE_RULES form: rules separated by ';', each a task
 // type followed by one or more space-separated quotas "scope=events/window", where scope
 // is "tenant" (a limit for each tenant) or "type" (one limit for the whole type) and
-// window is a Go duration:
+// window is a Go duration, and optionally "cost=header:<name>" (Rule.CostHeader):
 //
 //	api:call tenant=5/2s type=20/1s; email:send tenant=100/1h
+//	llm:complete tenant=40000/1m tenant=1000000/24h cost=header:tokens
 //
 // Empty rules (a trailing ';') and extra spaces are ignored; an empty s gives no rules.
 // The error names the rule (its 1-based position and text) and the offending part: a rule
@@ -71,11 +119,22 @@ func ParseRules(s string) ([]Rule, error) {
 			return nil, fmt.Errorf("worker: %s: task type %q has no quota; want e.g. %q", where, r.TaskType, r.TaskType+" tenant=5/2s")
 		}
 		for _, f := range fields[1:] {
+			if name, ok := strings.CutPrefix(f, "cost="); ok {
+				header, ok := strings.CutPrefix(name, "header:")
+				if !ok || header == "" || r.CostHeader != "" {
+					return nil, fmt.Errorf("worker: %s: %q: want one cost=header:<name>, e.g. cost=header:tokens", where, f)
+				}
+				r.CostHeader = header
+				continue
+			}
 			q, err := parseQuota(f)
 			if err != nil {
 				return nil, fmt.Errorf("worker: %s: %w", where, err)
 			}
 			r.Quotas = append(r.Quotas, q)
+		}
+		if len(r.Quotas) == 0 {
+			return nil, fmt.Errorf("worker: %s: task type %q has no quota; want e.g. %q", where, r.TaskType, r.TaskType+" tenant=5/2s")
 		}
 		if prev, ok := seen[r.TaskType]; ok {
 			return nil, fmt.Errorf("worker: %s: task type %q already has rule %d; put all its quotas in one rule", where, r.TaskType, prev)
