@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"sort"
@@ -37,6 +38,16 @@ type Config struct {
 	DemoAPIURL string `envconfig:"DEMO_API_URL" desc:"if set, POST each task here (header Tenant, payload as body); non-2xx is a failure"`
 	// WorkTime is how long the demo handler works on a task when DemoAPIURL is empty.
 	WorkTime time.Duration `envconfig:"WORKER_WORK_TIME" default:"20ms" desc:"simulated work per task when DEMO_API_URL is empty, >= 0"`
+	// Clock chooses whose clock timestamps the window logs: "local" (this process's,
+	// checked against the Redis server's within MaxSkew) or "redis" (the server's TIME).
+	Clock string `envconfig:"THROTTLE_CLOCK" default:"local" desc:"whose clock timestamps admissions: local (checked against Redis within THROTTLE_MAX_SKEW) or redis (the server's TIME)"`
+	// MaxSkew is throttle.Config.MaxSkew: beyond it, decisions use the server's TIME and
+	// the worker logs the skew.
+	MaxSkew time.Duration `envconfig:"THROTTLE_MAX_SKEW" default:"1s" desc:"clock skew to Redis tolerated before deciding by the server's TIME (logged and counted), > 0"`
+	// FailOpen runs tasks unthrottled when the limiter's Redis cannot answer.
+	FailOpen bool `envconfig:"THROTTLE_FAIL_OPEN" default:"false" desc:"if true, run tasks unthrottled when Redis cannot answer; default: they wait and come back (fail closed)"`
+	// MetricsAddr, if set, serves Prometheus metrics at http://<addr>/metrics.
+	MetricsAddr string `envconfig:"METRICS_ADDR" desc:"if set, host:port to serve Prometheus metrics on at /metrics, e.g. 127.0.0.1:9090"`
 	// LogInterval is how often the worker logs what ran and what was throttled.
 	LogInterval time.Duration `envconfig:"WORKER_LOG_INTERVAL" default:"1s" desc:"how often to log tasks ran and throttled per task type and tenant"`
 
@@ -72,6 +83,8 @@ func parseProblem(pe *envconfig.ParseError) string {
 	switch {
 	case pe.TypeName == "time.Duration":
 		return "not a Go duration such as 1s, 500ms or 2m"
+	case pe.TypeName == "bool":
+		return "not a boolean (true or false)"
 	case errors.As(pe.Err, &ne) && errors.Is(ne.Err, strconv.ErrRange):
 		return "integer out of range"
 	case strings.HasPrefix(pe.TypeName, "int"):
@@ -93,10 +106,19 @@ func (c Config) validate() error {
 		return badVar("WORKER_WORK_TIME", "must not be negative")
 	case c.TenantHeader == "":
 		return badVar("THROTTLE_TENANT_HEADER", "must not be empty")
+	case c.Clock != "local" && c.Clock != "redis":
+		return badVar("THROTTLE_CLOCK", "want local or redis")
+	case c.MaxSkew <= 0:
+		return badVar("THROTTLE_MAX_SKEW", "must be positive")
 	case c.Prefix == "":
 		return badVar("THROTTLE_PREFIX", "must not be empty")
 	case strings.ContainsAny(c.Prefix, "{}"):
 		return badVar("THROTTLE_PREFIX", "must not contain '{' or '}': they would move the Redis Cluster hash tag")
+	}
+	if c.MetricsAddr != "" {
+		if _, port, err := net.SplitHostPort(c.MetricsAddr); err != nil || port == "" {
+			return badVar("METRICS_ADDR", "want host:port, e.g. 127.0.0.1:9090")
+		}
 	}
 	if c.DemoAPIURL != "" {
 		u, err := url.Parse(c.DemoAPIURL)

@@ -15,7 +15,8 @@ import (
 var envVars = []string{
 	"WORKER_QUEUES", "WORKER_CONCURRENCY", "WORKER_FORWARDER_INTERVAL", "THROTTLE_RULES",
 	"THROTTLE_TENANT_HEADER", "THROTTLE_PREFIX", "DEMO_API_URL", "WORKER_WORK_TIME",
-	"WORKER_LOG_INTERVAL", "REDIS_ADDR", "REDIS_MASTER_NAME", "REDIS_PASSWORD", "REDIS_DB",
+	"WORKER_LOG_INTERVAL", "THROTTLE_CLOCK", "THROTTLE_MAX_SKEW", "THROTTLE_FAIL_OPEN",
+	"METRICS_ADDR", "REDIS_ADDR", "REDIS_MASTER_NAME", "REDIS_PASSWORD", "REDIS_DB",
 }
 
 // clearEnv unsets every variable the worker reads, for this test only, then sets kv
@@ -49,6 +50,8 @@ func TestLoadConfig_defaults(t *testing.T) {
 		Prefix:       "throttle",
 		DemoAPIURL:   "",
 		WorkTime:     20 * time.Millisecond,
+		Clock:        "local",
+		MaxSkew:      time.Second,
 		LogInterval:  time.Second,
 		Redis:        redisenv.Config{Addr: "127.0.0.1:6379"},
 	}
@@ -68,6 +71,10 @@ func TestLoadConfig_allSet(t *testing.T) {
 		"DEMO_API_URL", "http://127.0.0.1:8080/call",
 		"WORKER_WORK_TIME", "0s",
 		"WORKER_LOG_INTERVAL", "5s",
+		"THROTTLE_CLOCK", "redis",
+		"THROTTLE_MAX_SKEW", "250ms",
+		"THROTTLE_FAIL_OPEN", "true",
+		"METRICS_ADDR", "127.0.0.1:9090",
 		"REDIS_ADDR", "127.0.0.1:7000",
 		"REDIS_DB", "5",
 	)
@@ -90,6 +97,10 @@ func TestLoadConfig_allSet(t *testing.T) {
 		Prefix:       "rl",
 		DemoAPIURL:   "http://127.0.0.1:8080/call",
 		WorkTime:     0,
+		Clock:        "redis",
+		MaxSkew:      250 * time.Millisecond,
+		FailOpen:     true,
+		MetricsAddr:  "127.0.0.1:9090",
 		LogInterval:  5 * time.Second,
 		Redis:        redisenv.Config{Addr: "127.0.0.1:7000", DB: 5},
 	}
@@ -138,6 +149,11 @@ func TestLoadConfig_malformed(t *testing.T) {
 		{"WORKER_QUEUES", "default:0", `queue "default": priority "0" is not an integer >= 1`},
 		{"WORKER_QUEUES", "default:1,default:2", `queue "default" is listed twice`},
 		{"WORKER_QUEUES", "", `no queue`},
+		{"THROTTLE_CLOCK", "ntp", `want local or redis`},
+		{"THROTTLE_MAX_SKEW", "0s", `must be positive`},
+		{"THROTTLE_MAX_SKEW", "soon", `not a Go duration such as 1s`},
+		{"THROTTLE_FAIL_OPEN", "maybe", `not a boolean (true or false)`},
+		{"METRICS_ADDR", "9090", `want host:port`},
 		{"THROTTLE_TENANT_HEADER", "", `must not be empty`},
 		{"THROTTLE_PREFIX", "a{b}", `must not contain '{' or '}'`},
 		{"DEMO_API_URL", "localhost:8080", `want an http:// or https:// URL`},

@@ -18,6 +18,8 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -28,6 +30,9 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/kelseyhightower/envconfig"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
@@ -86,16 +91,43 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "worker: Redis at REDIS_ADDR=%q does not answer: %v\n", cfg.Redis.Addr, err)
 		return exitError
 	}
-	lim, err := throttle.New(rdb, throttle.Config{Prefix: cfg.Prefix})
+	clock := throttle.ClockLocal
+	if cfg.Clock == "redis" {
+		clock = throttle.ClockRedis
+	}
+	lim, err := throttle.New(rdb, throttle.Config{Prefix: cfg.Prefix, Clock: clock, MaxSkew: cfg.MaxSkew})
 	if err != nil {
 		fmt.Fprintf(stderr, "THROTTLE_PREFIX=%q: %v\n", cfg.Prefix, err)
 		return exitConfig
 	}
 	act := newActivity()
+	var metrics *worker.Metrics
+	if cfg.MetricsAddr != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		if metrics, err = worker.NewMetrics(reg); err != nil {
+			fmt.Fprintf(stderr, "worker: %v\n", err)
+			return exitError
+		}
+		ln, err := net.Listen("tcp", cfg.MetricsAddr)
+		if err != nil {
+			fmt.Fprintf(stderr, "METRICS_ADDR=%q: %v\n", cfg.MetricsAddr, err)
+			return exitConfig
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		metricsSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = metricsSrv.Serve(ln) }()
+		defer metricsSrv.Close()
+		logger.Printf("metrics at http://%s/metrics", ln.Addr())
+	}
 	mw, err := worker.New(lim, worker.Config{
 		Rules:        cfg.Rules,
 		TenantHeader: cfg.TenantHeader,
 		Redis:        rdb,
+		FailOpen:     cfg.FailOpen,
+		Logger:       slog.New(slog.NewTextHandler(stderr, nil)),
+		Metrics:      metrics,
 		DecisionFunc: act.decided,
 	})
 	if err != nil {
@@ -120,6 +152,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	logger.Printf("redis %s", cfg.Redis)
 	logger.Printf("queues %s concurrency %d forwarder interval %s tenant header %q key prefix %q",
 		cfg.Queues, cfg.Concurrency, cfg.ForwarderInterval, cfg.TenantHeader, cfg.Prefix)
+	logger.Printf("clock %s (max skew %s), fail open %t", cfg.Clock, cfg.MaxSkew, cfg.FailOpen)
 	h := demoHandler{url: cfg.DemoAPIURL, work: cfg.WorkTime, tenantHeader: cfg.TenantHeader,
 		client: &http.Client{Timeout: 30 * time.Second}}
 	if h.url != "" {
