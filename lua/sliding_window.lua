@@ -1,41 +1,62 @@
 -- sliding_window.lua: decide one event against every quota that applies to it, all or
--- nothing.
+-- nothing, and optionally hold a reservation for a denied event.
 --
--- An event of cost c is admitted iff, for every quota q on log KEYS[j], the entries of
--- KEYS[j] scored in (now_ms - window_ms_q, +inf) number at most limit_q - c. Entries from
--- a caller whose clock runs ahead (scores above now_ms) count too. An admission trims
--- each log by its longest window, adds c entries scored now_ms, and sets PEXPIRE so the
--- log outlives its newest entry by that window. A denial writes nothing. Several quotas
--- may share one log (10/1s and 500/1h for one tenant). All KEYS share one hash slot.
+-- A window log is a sorted set of entries scored in ms: admissions, and reservations
+-- (slots promised to denied events, at the instant they may run). An event of cost c is
+-- admitted iff, for every quota q on log KEYS[j], the entries of KEYS[j] scored in
+-- (now_ms - window_ms_q, +inf) number at most limit_q - c. Reservations in the future
+-- count too, so a new event never takes a slot promised to an earlier one, and so do
+-- admissions from a caller whose clock runs ahead. An admission trims each log by its
+-- longest window, adds c entries scored now_ms, and sets PEXPIRE so the log outlives its
+-- newest entry by that window. Several quotas may share one log (10/1s and 500/1h for one
+-- tenant). All KEYS share one hash slot.
 --
--- KEYS[j]       ZSET window log: member = "<slot>:<event id>", score = admission time (ms)
--- ARGV[1]       now_ms    caller's clock, integer ms since the Unix epoch; "" uses the
---                         server's TIME instead
--- ARGV[2]       member    unique event id (xid); a replay with the same id finds it in a
---                         log and reports the admission again without taking a slot
--- ARGV[3]       cost      slots the event takes, integer >= 1
--- ARGV[4]       max_skew_ms  if > 0 and now_ms is further than this from the server's
---                         TIME, decide by the server's TIME instead (and say so)
--- ARGV[2+3q], ARGV[3+3q], ARGV[4+3q] for quota q = 1..:
---               j         index into KEYS of the quota's log
---               limit     most slots in one window, integer >= cost
---               window_ms window length, integer ms >= 1
+-- Without a token a denial writes nothing. With a token (the waiting task's id):
+--   * a denied event that holds no reservation reserves the first instant t at which every
+--     quota has room, counting all entries: c entries at t in every log, and the same in
+--     the reservation set beside each log. The reply's retry_after is t - now_ms.
+--   * an event whose reservation is still ahead is denied with retry_after = t - now_ms,
+--     writing nothing (a replayed reservation call finds its reservation: idempotent).
+--   * an event whose reservation is due is admitted iff, for every quota, the entries in
+--     (now_ms - window_ms, now_ms] other than its own, plus admissions scored after
+--     now_ms, leave room for c: reservations behind it do not block it. Admission turns
+--     the reservation into an admission at now_ms. Otherwise it is denied until that room
+--     comes, keeping its reservation where it is.
+-- A reservation that is never used stops counting one window after its instant, when the
+-- trim removes it like any entry.
+--
+-- KEYS[j]       ZSET window log: member = "<slot>:<event id>", score = instant (ms)
+-- KEYS[m+j]     ZSET reservations of log j (only with a token): the log's reservation
+--               entries, same members and scores; m = #KEYS / 2
+-- ARGV[1]       now_ms      caller's clock, integer ms since the Unix epoch; "" uses the
+--                           server's TIME instead
+-- ARGV[2]       member      unique event id (xid) of this admission; a replay with the same
+--                           id finds it and reports the admission again, taking no slot
+-- ARGV[3]       cost        slots the event takes, integer >= 1
+-- ARGV[4]       max_skew_ms if > 0 and now_ms is further than this from the server's
+--                           TIME, decide by the server's TIME instead (and say so)
+-- ARGV[5]       token       the waiting task's id for reservations, or "" for none
+-- ARGV[3+3q], ARGV[4+3q], ARGV[5+3q] for quota q = 1..:
+--               j           index of the quota's log in KEYS (1..m)
+--               limit       most slots in one window, integer >= cost
+--               window_ms   window length, integer ms >= 1
 --
 -- Returns integers {allowed, replay, binding, count, remaining, retry_after_ms, reset_ms,
--- now_ms, server_ms, skewed}:
+-- now_ms, server_ms, skewed, reserved}:
 --   allowed        1 admitted (or replayed), 0 denied
---   replay         1 if member was already in a log: nothing was written
---   binding        the quota q that decided: on denial the one with the longest
---                  retry-after, else the one with the fewest slots left
---   count          slots in use in that quota's window after this call
+--   replay         1 if member was already admitted: no slot was taken
+--   binding        the quota q that decided: on denial the first with the longest
+--                  retry-after, else the first with the fewest slots left
+--   count          entries counted in that quota's window after this call
 --   remaining      slots left in that quota's window after this call, >= 0
---   retry_after_ms 0 when allowed; else ms until every quota has room for cost, >= 1:
---                  the largest (k-th oldest score in the window + window_ms - now_ms),
---                  k = count + cost - limit
+--   retry_after_ms 0 when allowed; else ms until the event may be admitted, >= 1: its
+--                  reservation's instant, or the largest (k-th oldest counted score +
+--                  window_ms - now_ms), k = count + cost - limit
 --   reset_ms       ms until every quota's window is empty if nothing more is admitted
 --   now_ms         the instant decided on (ARGV[1], or the server's TIME)
 --   server_ms      the server's TIME in ms, for clock-skew checks
 --   skewed         1 if now_ms was off by more than max_skew_ms and TIME was used
+--   reserved       1 if the event holds a reservation after this call (denied only)
 
 local time = redis.call('TIME')
 local server_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -51,38 +72,105 @@ if now_arg == '' or (max_skew > 0 and math.abs(now - server_ms) > max_skew) then
 end
 local member = ARGV[2]
 local cost = tonumber(ARGV[3])
-
--- An event of cost c is c entries "1:<member>" .. "<c>:<member>": the number before the
--- first ':' keeps the entries of distinct (member, slot) pairs distinct, whatever the
--- member contains.
-local replay = false
-for j = 1, #KEYS do
-  if redis.call('ZSCORE', KEYS[j], '1:' .. member) then
-    replay = true
-    break
-  end
+local token = ARGV[5]
+local m = #KEYS
+if token ~= '' then
+  m = m / 2
 end
 
--- Count every quota's window without writing: a denial leaves the logs untouched.
-local logs, limits, windows, counts = {}, {}, {}, {}
-local longest = {}
-local nq = (#ARGV - 4) / 3
+-- An event of cost c is c entries "1:<id>" .. "<c>:<id>": the number before the first
+-- ':' keeps the entries of distinct (id, slot) pairs distinct, whatever the id contains.
+local function entries_of(id, score)
+  local e = {}
+  for c = 1, cost do
+    e[#e + 1] = score
+    e[#e + 1] = c .. ':' .. id
+  end
+  return e
+end
+
+local function fmt(x)
+  return string.format('%d', x)
+end
+
+local limits, windows, counts, logs = {}, {}, {}, {}
+local longest = {} -- per log j, its longest window among the quotas
+local nq = (#ARGV - 5) / 3
+for q = 1, nq do
+  local j = tonumber(ARGV[3 + 3 * q])
+  logs[q] = j
+  limits[q] = tonumber(ARGV[4 + 3 * q])
+  windows[q] = tonumber(ARGV[5 + 3 * q])
+  longest[j] = math.max(longest[j] or 0, windows[q])
+end
+
+-- The instant of this event's reservation, if it holds one that has not expired.
+local reserved_at = nil
+local own = {} -- this event's reservation entries
+if token ~= '' then
+  for c = 1, cost do
+    own[c] = c .. ':' .. token
+  end
+  for j = 1, m do
+    local raw = redis.call('ZSCORE', KEYS[m + j], own[1])
+    local s = raw and tonumber(raw)
+    if s and s > now - longest[j] and (reserved_at == nil or s > reserved_at) then
+      reserved_at = s
+    end
+  end
+end
+local due = reserved_at ~= nil and reserved_at <= now
+local is_own = {}
+for _, e in ipairs(own) do
+  is_own[e] = true
+end
+
 local retry_after = 0
 local binding = 1
 for q = 1, nq do
-  local j = tonumber(ARGV[2 + 3 * q])
-  logs[q] = KEYS[j]
-  limits[q] = tonumber(ARGV[3 + 3 * q])
-  windows[q] = tonumber(ARGV[4 + 3 * q])
-  if longest[j] == nil or windows[q] > windows[longest[j]] then
-    longest[j] = q
+  local j = logs[q]
+  local log = KEYS[j]
+  local floor = '(' .. fmt(now - windows[q])
+  local count
+  if due then
+    -- Entries up to now, less this event's own reservation, plus admissions after now:
+    -- reservations behind this one do not block it.
+    count = redis.call('ZCOUNT', log, floor, now_arg)
+    if reserved_at > now - windows[q] then
+      count = count - cost
+    end
+    count = count + redis.call('ZCOUNT', log, '(' .. now_arg, '+inf')
+      - redis.call('ZCOUNT', KEYS[m + j], '(' .. now_arg, '+inf')
+  else
+    count = redis.call('ZCOUNT', log, floor, '+inf')
   end
-  local floor = '(' .. string.format('%d', now - windows[q])
-  counts[q] = redis.call('ZCOUNT', logs[q], floor, '+inf')
-  if not replay and counts[q] + cost > limits[q] then
-    local k = counts[q] + cost - limits[q]
-    local kth = redis.call('ZRANGEBYSCORE', logs[q], floor, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
-    local wait = tonumber(kth[2]) + windows[q] - now
+  counts[q] = count
+  if reserved_at ~= nil and not due then
+    -- Not yet due: come back at the reservation's instant.
+    retry_after = reserved_at - now
+  elseif count + cost > limits[q] then
+    local k = count + cost - limits[q]
+    local kth
+    if due then
+      -- The k-th oldest entry up to now that is not this event's own (k <= limit).
+      local page = redis.call('ZRANGEBYSCORE', log, floor, now_arg, 'WITHSCORES', 'LIMIT', 0, k + cost)
+      local seen = 0
+      for i = 1, #page, 2 do
+        if not is_own[page[i]] then
+          seen = seen + 1
+          if seen == k then
+            kth = tonumber(page[i + 1])
+            break
+          end
+        end
+      end
+      kth = kth or now -- only admissions after now block it: try again in 1ms
+    else
+      -- By rank, not by LIMIT offset: a backlog of reservations makes k large.
+      local rank = redis.call('ZCARD', log) - count + k - 1
+      kth = tonumber(redis.call('ZRANGE', log, rank, rank, 'WITHSCORES')[2])
+    end
+    local wait = kth + windows[q] - now
     if wait < 1 then
       wait = 1
     end
@@ -93,44 +181,84 @@ for q = 1, nq do
   end
 end
 
+local replay = false
+local reserved = 0
 local allowed = 0
-if replay or retry_after == 0 then
+if retry_after == 0 then
   allowed = 1
+elseif reserved_at == nil then
+  -- A denied call may repeat an admission whose reply was lost: find its entries.
+  for j = 1, m do
+    if redis.call('ZSCORE', KEYS[j], '1:' .. member) then
+      replay = true
+      allowed = 1
+      retry_after = 0
+      break
+    end
+  end
 end
 
+local newest = {}
 if allowed == 1 and not replay then
-  local entries = {}
-  for c = 1, cost do
-    entries[#entries + 1] = now_arg
-    entries[#entries + 1] = c .. ':' .. member
-  end
-  for j = 1, #KEYS do
-    local w = windows[longest[j]]
-    redis.call('ZREMRANGEBYSCORE', KEYS[j], '-inf', string.format('%d', now - w))
-    for first = 1, #entries, 1000 do
-      redis.call('ZADD', KEYS[j], unpack(entries, first, math.min(first + 999, #entries)))
+  local admitted = entries_of(member, now_arg)
+  for j = 1, m do
+    local w = longest[j]
+    redis.call('ZREMRANGEBYSCORE', KEYS[j], '-inf', fmt(now - w))
+    if token ~= '' then
+      redis.call('ZREMRANGEBYSCORE', KEYS[m + j], '-inf', fmt(now - w))
+      if reserved_at ~= nil then
+        redis.call('ZREM', KEYS[j], unpack(own))
+        redis.call('ZREM', KEYS[m + j], unpack(own))
+      end
     end
-    local newest = tonumber(redis.call('ZRANGE', KEYS[j], -1, -1, 'WITHSCORES')[2])
-    if newest > now then
-      redis.call('PEXPIRE', KEYS[j], string.format('%d', newest - now + w))
-    else
-      redis.call('PEXPIRE', KEYS[j], ARGV[4 + 3 * longest[j]])
+    local added = 0
+    for first = 1, #admitted, 1000 do
+      added = added + redis.call('ZADD', KEYS[j], 'NX', unpack(admitted, first, math.min(first + 999, #admitted)))
+    end
+    if added == 0 then
+      replay = true
+    end
+    newest[j] = tonumber(redis.call('ZRANGE', KEYS[j], -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', KEYS[j], fmt(math.max(newest[j], now) - now + w))
+    if token ~= '' and redis.call('EXISTS', KEYS[m + j]) == 1 then
+      redis.call('PEXPIRE', KEYS[m + j], fmt(math.max(newest[j], now) - now + w))
     end
   end
-  for q = 1, nq do
-    counts[q] = counts[q] + cost
+  if not replay then
+    for q = 1, nq do
+      counts[q] = counts[q] + cost
+    end
+  end
+elseif allowed == 0 and token ~= '' then
+  reserved = 1
+  if reserved_at == nil then
+    local at = now + retry_after
+    local held = entries_of(token, fmt(at))
+    for j = 1, m do
+      local w = longest[j]
+      redis.call('ZREMRANGEBYSCORE', KEYS[j], '-inf', fmt(now - w))
+      redis.call('ZREMRANGEBYSCORE', KEYS[m + j], '-inf', fmt(now - w))
+      for first = 1, #held, 1000 do
+        local part = {unpack(held, first, math.min(first + 999, #held))}
+        redis.call('ZADD', KEYS[j], unpack(part))
+        redis.call('ZADD', KEYS[m + j], unpack(part))
+      end
+      newest[j] = tonumber(redis.call('ZRANGE', KEYS[j], -1, -1, 'WITHSCORES')[2])
+      redis.call('PEXPIRE', KEYS[j], fmt(newest[j] - now + w))
+      redis.call('PEXPIRE', KEYS[m + j], fmt(newest[j] - now + w))
+    end
   end
 end
 
 local reset = 0
 local fewest = nil
 for q = 1, nq do
-  local newest = redis.call('ZRANGE', logs[q], -1, -1, 'WITHSCORES')[2]
-  if newest then
-    local left = tonumber(newest) + windows[q] - now
-    if left > reset then
-      reset = left
-    end
+  local j = logs[q]
+  if newest[j] == nil then
+    newest[j] = tonumber(redis.call('ZRANGE', KEYS[j], -1, -1, 'WITHSCORES')[2] or -1)
+  end
+  if newest[j] >= 0 then
+    reset = math.max(reset, newest[j] + windows[q] - now)
   end
   if allowed == 1 and (fewest == nil or limits[q] - counts[q] < fewest) then
     fewest = limits[q] - counts[q]
@@ -138,8 +266,5 @@ for q = 1, nq do
   end
 end
 
-local remaining = limits[binding] - counts[binding]
-if remaining < 0 then
-  remaining = 0
-end
-return {allowed, replay and 1 or 0, binding, counts[binding], remaining, retry_after, reset, now, server_ms, skewed}
+local remaining = math.max(limits[binding] - counts[binding], 0)
+return {allowed, replay and 1 or 0, binding, counts[binding], remaining, retry_after, reset, now, server_ms, skewed, reserved}

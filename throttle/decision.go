@@ -24,6 +24,10 @@ type Decision struct {
 	// RetryAfter is zero when Allowed; otherwise the wait, at least 1ms, until every quota
 	// has room for the request's cost if nothing else is admitted meanwhile.
 	RetryAfter time.Duration
+	// Reserved reports that the denied event holds a reservation (Request.Reservation) at
+	// RetryAt: called again then with the same Reservation, it is admitted unless
+	// admissions made since leave no room.
+	Reserved bool
 	// ResetAfter is how long until every quota's window is empty if nothing more is
 	// admitted.
 	ResetAfter time.Duration

@@ -68,10 +68,25 @@ const DefaultPrefix = "throttle"
 // empty, never cut short by a tenant, so every log of a type lands in one slot. The tenant
 // is the whole tail after ":tenant:", and escaping is injective, so no (type, tenant) pair
 // spells another's key.
+//
+// The reservations held in a log (see Request.Reservation) are mirrored in a second set,
+// reservationKey, whose name puts "reserved:" after the hash tag: no log key has it there.
 func redisKey(prefix string, key Key, scope Scope) string {
-	typ := url.PathEscape(key.TaskType)
+	return prefix + ":{" + url.PathEscape(key.TaskType) + "}:" + scopePart(key, scope)
+}
+
+// reservationKey returns the Redis key of the set that mirrors the reservations held in
+// the window log redisKey(prefix, key, scope):
+//
+//	<prefix>:{<task type>}:reserved:tenant:<tenant>   ScopeTenant
+//	<prefix>:{<task type>}:reserved:type              ScopeType
+func reservationKey(prefix string, key Key, scope Scope) string {
+	return prefix + ":{" + url.PathEscape(key.TaskType) + "}:reserved:" + scopePart(key, scope)
+}
+
+func scopePart(key Key, scope Scope) string {
 	if scope == ScopeType {
-		return prefix + ":{" + typ + "}:type"
+		return "type"
 	}
-	return prefix + ":{" + typ + "}:tenant:" + url.PathEscape(key.Tenant)
+	return "tenant:" + url.PathEscape(key.Tenant)
 }

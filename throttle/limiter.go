@@ -62,6 +62,14 @@ type Request struct {
 	// Member is the event's id in the window logs. Defaults to a fresh xid. Pass the same
 	// Member to repeat a call whose reply was lost: an admission is never made twice.
 	Member string
+	// Reservation, if set, is the id of the waiting task the event belongs to (an asynq
+	// task id). A denied event then holds a reservation: the first instant at which every
+	// quota has room, counting the reservations of the events denied before it, becomes
+	// its own, and RetryAfter says when that is. Called again with the same Reservation,
+	// it is admitted from that instant on, before any event without a reservation, and
+	// reservations behind it do not block it. A reservation that is never used stops
+	// counting one window after its instant. Empty: a denial writes nothing.
+	Reservation string
 }
 
 // ErrInvalid matches, under errors.Is, every error that Allow returns for a request that
@@ -140,9 +148,10 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS string, maxSkew
 		member = xid.New().String()
 	}
 	var keys []string
+	var scopes []Scope
 	var tenantLog, typeLog int // 1-based index into keys, 0 while unused
-	args := make([]any, 4, 4+3*len(req.Quotas))
-	args[0], args[1], args[2], args[3] = nowMS, member, cost, max(maxSkew.Milliseconds(), 0)
+	args := make([]any, 5, 5+3*len(req.Quotas))
+	args[0], args[1], args[2], args[3], args[4] = nowMS, member, cost, max(maxSkew.Milliseconds(), 0), req.Reservation
 	for _, q := range req.Quotas {
 		slot := &tenantLog
 		if q.Scope == ScopeType {
@@ -150,15 +159,21 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS string, maxSkew
 		}
 		if *slot == 0 {
 			keys = append(keys, l.RedisKey(req.Key, q.Scope))
+			scopes = append(scopes, q.Scope)
 			*slot = len(keys)
 		}
 		args = append(args, *slot, q.Limit.Events, q.Limit.Window.Milliseconds())
+	}
+	if req.Reservation != "" {
+		for _, scope := range scopes {
+			keys = append(keys, reservationKey(l.prefix, req.Key, scope))
+		}
 	}
 	r, err := lua.SlidingWindow.Run(ctx, l.rdb, keys, args...).Int64Slice()
 	if err != nil {
 		return Decision{}, fmt.Errorf("throttle: allow %s for tenant %q: %w", req.Key.TaskType, req.Key.Tenant, err)
 	}
-	if len(r) != 10 || r[2] < 1 || int(r[2]) > len(req.Quotas) {
+	if len(r) != 11 || r[2] < 1 || int(r[2]) > len(req.Quotas) {
 		return Decision{}, fmt.Errorf("throttle: allow %s for tenant %q: malformed script reply %v", req.Key.TaskType, req.Key.Tenant, r)
 	}
 	d := Decision{
@@ -172,6 +187,7 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS string, maxSkew
 		At:           time.UnixMilli(r[7]),
 		ServerTime:   time.UnixMilli(r[8]),
 		SkewFallback: r[9] == 1,
+		Reserved:     r[10] == 1,
 	}
 	if nowMS != "" {
 		ms, _ := strconv.ParseInt(nowMS, 10, 64)
