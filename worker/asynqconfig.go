@@ -12,10 +12,11 @@ import (
 
 // DefaultDelayedTaskCheckInterval is the forwarder interval WrapConfig sets when the
 // Config leaves it zero. asynq's own default is 5s: a throttled task is due at a whole
-// second but only moved back to its queue at the forwarder's next run, so it would start
-// up to 5s late. At 1s it starts at most about 1s late, for one small Redis script call
-// per queue per second per server.
-const DefaultDelayedTaskCheckInterval = time.Second
+// second but only moved back to its queue at the forwarder's next run, so it would come
+// back up to 5s late, and a task woken early for its reservation (Config.WakeLead) would
+// need to be woken that much earlier and wait that much longer in its handler. At 500ms
+// it costs each server two small Redis script calls per queue every 500ms.
+const DefaultDelayedTaskCheckInterval = 500 * time.Millisecond
 
 // WrapConfig returns a copy of cfg set up for throttled tasks; the caller's own functions
 // still handle every other error:
@@ -28,7 +29,7 @@ const DefaultDelayedTaskCheckInterval = time.Second
 //     asynq.DefaultRetryDelayFunc.
 //   - ErrorHandler is not called for denials and deferrals; it is for everything else,
 //     ErrUnavailable included.
-//   - DelayedTaskCheckInterval defaults to DefaultDelayedTaskCheckInterval (1s).
+//   - DelayedTaskCheckInterval defaults to DefaultDelayedTaskCheckInterval (500ms).
 func WrapConfig(cfg asynq.Config) asynq.Config {
 	cfg.IsFailure = IsFailureFunc(cfg.IsFailure)
 	cfg.RetryDelayFunc = RetryDelayFunc(cfg.RetryDelayFunc)

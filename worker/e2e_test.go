@@ -64,7 +64,7 @@ func maxInWindow(ts []time.Time, w time.Duration) int {
 
 // startServer runs an asynq server on rdb with the throttle middleware and h, configured
 // through worker.WrapConfig, and stops it at cleanup.
-func startServer(t *testing.T, rdb redis.UniversalClient, rules string, h asynq.HandlerFunc) {
+func startServer(t *testing.T, rdb redis.UniversalClient, rules string, cfg worker.Config, h asynq.HandlerFunc) {
 	t.Helper()
 	lim, err := throttle.New(rdb, throttle.Config{})
 	if err != nil {
@@ -74,7 +74,8 @@ func startServer(t *testing.T, rdb redis.UniversalClient, rules string, h asynq.
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := worker.New(lim, worker.Config{Rules: parsed, Redis: rdb})
+	cfg.Rules, cfg.Redis = parsed, rdb
+	mw, err := worker.New(lim, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,11 +102,25 @@ func startServer(t *testing.T, rdb redis.UniversalClient, rules string, h asynq.
 // throttling, and no tenant ever has more than 5 handler starts in any 2s window. Every
 // fifth task has MaxRetry(0) and every seventh fails once for real with MaxRetry(1), so its
 // retries are spent when the throttle denies it: asynq would archive both on a plain error.
+// It runs twice: with the defaults, where most waits are sat out in the handler, and with
+// MaxWait < 0, where every denied task is re-queued, and those with no retry left are
+// replaced by copies.
 func TestEndToEnd(t *testing.T) {
 	t.Parallel()
+	t.Run("defaults", func(t *testing.T) {
+		t.Parallel()
+		testEndToEnd(t, worker.Config{}, false)
+	})
+	t.Run("requeueEveryDenial", func(t *testing.T) {
+		t.Parallel()
+		testEndToEnd(t, worker.Config{MaxWait: -1}, true)
+	})
+}
+
+func testEndToEnd(t *testing.T, cfg worker.Config, wantDeferrals bool) {
 	rdb := redistest.Start(t)
 	j := newJournal()
-	startServer(t, rdb, "e2e:call tenant=5/2s", func(ctx context.Context, task *asynq.Task) error {
+	startServer(t, rdb, "e2e:call tenant=5/2s", cfg, func(ctx context.Context, task *asynq.Task) error {
 		var p e2ePayload
 		if err := json.Unmarshal(task.Payload(), &p); err != nil {
 			return err
@@ -192,7 +207,7 @@ func TestEndToEnd(t *testing.T) {
 			t.Errorf("task %s: MaxRetry %d - Retried %d = %d retries left, want %d", key, info.MaxRetry, info.Retried, left, want)
 		}
 	}
-	if deferred == 0 {
+	if wantDeferrals && deferred == 0 {
 		t.Errorf("no task was deferred: the MaxRetry(0) and spent-retry cases were not exercised")
 	}
 }

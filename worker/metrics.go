@@ -10,6 +10,7 @@ import (
 const (
 	OutcomeAdmitted    = "admitted"    // the handler ran
 	OutcomeDenied      = "denied"      // retried later by asynq, retry budget untouched
+	OutcomeWaited      = "waited"      // a short wait sat out in the handler, then decided again
 	OutcomeDeferred    = "deferred"    // no retry left: replaced by a copy due later
 	OutcomeUnavailable = "unavailable" // the limiter could not decide; the task waits (fail closed)
 	OutcomeFailedOpen  = "failed_open" // the limiter could not decide; the task ran (Config.FailOpen)
@@ -36,7 +37,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "asynq_throttle_decisions_total",
-			Help: "Throttled tasks by task type and outcome: admitted, denied, deferred, unavailable, failed_open, rejected.",
+			Help: "Throttled tasks by task type and outcome: admitted, waited, denied, deferred, unavailable, failed_open, rejected.",
 		}, []string{"task_type", "outcome"}),
 		SkewFallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "asynq_throttle_clock_skew_fallbacks_total",

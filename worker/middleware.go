@@ -49,6 +49,27 @@ type Config struct {
 	// that it then does not use because of a lost reply shorter than this. Defaults to
 	// DefaultUnavailableWait; bounded by the task's deadline.
 	UnavailableWait time.Duration
+	// NoReservations turns reservations off: a denied task is told to retry when the
+	// oldest entry it waits for leaves the window, the instant every task denied meanwhile
+	// is told too (the naive schedule, whose thundering herd cmd/throttlebench measures).
+	// Defaults to false: each denied task holds a reservation (throttle.Request.Reservation)
+	// for its own slot, so tasks denied together come back one slot apart, in order.
+	NoReservations bool
+	// MaxWait is the longest wait the middleware sits out inside the handler instead of
+	// re-queueing the task, never past the task's deadline. The task holds its worker slot
+	// meanwhile. Defaults to DefaultMaxWait; negative: never wait in the handler.
+	MaxWait time.Duration
+	// WakeLead is how long before its reserved instant a re-queued task is scheduled to
+	// come back. asynq stores retry times in whole seconds and moves due tasks back to
+	// their queue every DelayedTaskCheckInterval, then a worker polls for them: a task
+	// scheduled at its exact instant starts up to 1s + that interval + the poll late,
+	// and, the limiter being exact, so does every task whose slot follows its own. Woken
+	// WakeLead early (the wake instant rounded up to a whole second, so that asynq never
+	// delivers it before the wake instant) it arrives before its instant and waits the
+	// rest in the handler. Defaults to DefaultWakeLead, which fits WrapConfig's forwarder
+	// interval; set it to 1s + your DelayedTaskCheckInterval + ~250ms, and MaxWait above
+	// it. Ignored with NoReservations.
+	WakeLead time.Duration
 	// Logger receives a line for every task that can never fit (bad cost, cost over a
 	// limit), each fail-open run, and clock-skew fallbacks (at most one a minute).
 	// Defaults to slog.Default().
@@ -61,8 +82,18 @@ type Config struct {
 	DecisionFunc func(ctx context.Context, task *asynq.Task, key throttle.Key, d throttle.Decision)
 }
 
-// DefaultUnavailableWait is Config.UnavailableWait when left zero.
-const DefaultUnavailableWait = 5 * time.Second
+// Defaults of Config.
+const (
+	// DefaultUnavailableWait is Config.UnavailableWait when left zero.
+	DefaultUnavailableWait = 5 * time.Second
+	// DefaultWakeLead is Config.WakeLead when left zero: asynq's whole-second retry
+	// times (1s), WrapConfig's forwarder interval (DefaultDelayedTaskCheckInterval) and
+	// 250ms for polling and a round trip.
+	DefaultWakeLead = time.Second + DefaultDelayedTaskCheckInterval + 250*time.Millisecond
+	// DefaultMaxWait is Config.MaxWait when left zero: a little more than DefaultWakeLead,
+	// so that a task woken early waits in its handler instead of being re-queued again.
+	DefaultMaxWait = DefaultWakeLead + 250*time.Millisecond
+)
 
 // Header names of the copy that replaces a denied task with no retry left.
 const (
@@ -88,6 +119,9 @@ type middleware struct {
 	client    *asynq.Client
 	inspector *asynq.Inspector
 	failOpen  bool
+	reserve   bool
+	maxWait   time.Duration // < 0: never wait in the handler
+	lead      time.Duration
 	wait      time.Duration
 	log       *slog.Logger
 	metrics   *Metrics
@@ -118,6 +152,9 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 		client:    asynq.NewClientFromRedisClient(cfg.Redis),
 		inspector: asynq.NewInspectorFromRedisClient(cfg.Redis),
 		failOpen:  cfg.FailOpen,
+		reserve:   !cfg.NoReservations,
+		maxWait:   cfg.MaxWait,
+		lead:      cfg.WakeLead,
 		wait:      cfg.UnavailableWait,
 		log:       cfg.Logger,
 		metrics:   cfg.Metrics,
@@ -130,6 +167,15 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 	}
 	if m.wait == 0 {
 		m.wait = DefaultUnavailableWait
+	}
+	if m.maxWait == 0 {
+		m.maxWait = DefaultMaxWait
+	}
+	if m.lead == 0 {
+		m.lead = DefaultWakeLead
+	}
+	if !m.reserve {
+		m.lead = 0
 	}
 	if m.log == nil {
 		m.log = slog.Default()
@@ -169,34 +215,79 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 	if err != nil {
 		return m.reject(ctx, key, rule, err)
 	}
-	d, err := m.allow(ctx, throttle.Request{Key: key, Quotas: rule.Quotas, Cost: cost, Member: xid.New().String()})
-	switch {
-	case errors.Is(err, throttle.ErrInvalid):
-		return m.reject(ctx, key, rule, err)
-	case err != nil && m.failOpen:
-		m.metrics.count(key.TaskType, OutcomeFailedOpen)
-		m.log.Warn("throttle: limiter unavailable, running task unthrottled (FailOpen)",
-			"task_type", key.TaskType, "tenant", key.Tenant, "err", err)
-		return next.ProcessTask(ctx, task)
-	case err != nil:
-		m.metrics.count(key.TaskType, OutcomeUnavailable)
-		return m.later(ctx, task, fmt.Errorf("%w: %w", ErrUnavailable, err), m.now().Add(UnavailableRetryDelay))
+	req := throttle.Request{Key: key, Quotas: rule.Quotas, Cost: cost, Member: xid.New().String()}
+	if m.reserve {
+		req.Reservation = reservationID(ctx, task)
 	}
-	m.checkSkew(key, d)
-	if m.observe != nil {
-		m.observe(ctx, task, key, d)
+	for {
+		d, err := m.allow(ctx, req)
+		switch {
+		case errors.Is(err, throttle.ErrInvalid):
+			return m.reject(ctx, key, rule, err)
+		case err != nil && m.failOpen:
+			m.metrics.count(key.TaskType, OutcomeFailedOpen)
+			m.log.Warn("throttle: limiter unavailable, running task unthrottled (FailOpen)",
+				"task_type", key.TaskType, "tenant", key.Tenant, "err", err)
+			return next.ProcessTask(ctx, task)
+		case err != nil:
+			m.metrics.count(key.TaskType, OutcomeUnavailable)
+			return m.later(ctx, task, fmt.Errorf("%w: %w", ErrUnavailable, err), m.now().Add(UnavailableRetryDelay))
+		}
+		m.checkSkew(key, d)
+		if m.observe != nil {
+			m.observe(ctx, task, key, d)
+		}
+		if d.Allowed {
+			m.metrics.count(key.TaskType, OutcomeAdmitted)
+			return next.ProcessTask(context.WithValue(ctx, decisionKey{}, d), task)
+		}
+		if m.sleep(ctx, d.RetryAfter) {
+			m.metrics.count(key.TaskType, OutcomeWaited)
+			continue // the same request: its reservation, if any, is now due
+		}
+		wake := m.now().Add(d.RetryAfter)
+		if d.Reserved {
+			wake = wake.Add(-m.lead)
+		}
+		denied := &throttle.DeniedError{
+			Key:        key,
+			Quota:      d.Quota,
+			RetryAfter: d.RetryAfter,
+			RetryAt:    wake, // local clock, as asynq's retry scores
+		}
+		return m.later(ctx, task, denied, denied.RetryAt)
 	}
-	if d.Allowed {
-		m.metrics.count(key.TaskType, OutcomeAdmitted)
-		return next.ProcessTask(context.WithValue(ctx, decisionKey{}, d), task)
+}
+
+// sleep waits d inside the handler and reports true if d is at most MaxWait and ends
+// before ctx's deadline (with 100ms to spare for the decision and the handler's start).
+// It reports false at once otherwise, and when ctx ends while it waits.
+func (m *middleware) sleep(ctx context.Context, d time.Duration) bool {
+	if m.maxWait < 0 || d > m.maxWait {
+		return false
 	}
-	denied := &throttle.DeniedError{
-		Key:        key,
-		Quota:      d.Quota,
-		RetryAfter: d.RetryAfter,
-		RetryAt:    m.now().Add(d.RetryAfter), // local clock, as asynq's retry scores
+	if dl, ok := ctx.Deadline(); ok && m.now().Add(d+100*time.Millisecond).After(dl) {
+		return false
 	}
-	return m.later(ctx, task, denied, denied.RetryAt)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// reservationID is the id under which a task holds its reservation: its asynq task id,
+// or, for a copy that replaced a task with no retry left, the first task's id (the copy
+// comes back for the reservation the original was given).
+func reservationID(ctx context.Context, task *asynq.Task) string {
+	if id := task.Headers()[HeaderOriginID]; id != "" {
+		return id
+	}
+	id, _ := asynq.GetTaskID(ctx)
+	return id
 }
 
 // allow asks the limiter, and while it cannot answer (a Redis error, not ErrInvalid) asks

@@ -26,7 +26,7 @@ type Config struct {
 	Concurrency int `envconfig:"WORKER_CONCURRENCY" default:"10" desc:"most tasks handled at once, >= 1"`
 	// ForwarderInterval is asynq.Config.DelayedTaskCheckInterval: how often due
 	// scheduled and retry tasks (throttled tasks among them) move back to their queue.
-	ForwarderInterval time.Duration `envconfig:"WORKER_FORWARDER_INTERVAL" default:"1s" desc:"how often due throttled (retry/scheduled) tasks are moved back to their queue"`
+	ForwarderInterval time.Duration `envconfig:"WORKER_FORWARDER_INTERVAL" default:"500ms" desc:"how often due throttled (retry/scheduled) tasks are moved back to their queue"`
 	// Rules are the throttling rules, at least one.
 	Rules Rules `envconfig:"THROTTLE_RULES" default:"api:call tenant=5/2s" desc:"rules separated by ';', each a task type and scope=events/window quotas, scope tenant or type"`
 	// TenantHeader is the task header that names the tenant.

@@ -43,7 +43,7 @@ func TestLoadConfig_defaults(t *testing.T) {
 	want := Config{
 		Queues:            Queues{"default": 1},
 		Concurrency:       10,
-		ForwarderInterval: time.Second,
+		ForwarderInterval: 500 * time.Millisecond,
 		Rules: Rules{{TaskType: "api:call", Quotas: []throttle.Quota{
 			{Scope: throttle.ScopeTenant, Limit: throttle.Limit{Events: 5, Window: 2 * time.Second}}}}},
 		TenantHeader: "tenant",

@@ -175,7 +175,7 @@ func TestRun_endToEnd(t *testing.T) {
 		t.Errorf("no task was logged as throttled")
 	}
 	for _, want := range []string{" rule api:call tenant=5/1s\n", ` redis REDIS_ADDR="` + redisSrv.Addr + `"`,
-		" queues default:1 concurrency 10 forwarder interval 1s "} {
+		" queues default:1 concurrency 10 forwarder interval 500ms "} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("startup log lacks %q:\n%s", want, stdout.String())
 		}
