@@ -131,6 +131,35 @@ func (l *Limiter) AllowAt(ctx context.Context, req Request, now time.Time) (Deci
 	return l.decide(ctx, req, strconv.FormatInt(now.UnixMilli(), 10), 0)
 }
 
+// Cancel gives up req's reservation (req.Reservation, with req's Key, Quotas and Cost),
+// so that the slot it held goes to the next event instead of staying blocked for a
+// window. It is a no-op without a reservation. The error is ErrInvalid or Redis's.
+func (l *Limiter) Cancel(ctx context.Context, req Request) error {
+	cost, err := validate(req)
+	if err != nil || req.Reservation == "" {
+		return err
+	}
+	entries := make([]any, cost)
+	for c := range cost {
+		entries[c] = strconv.Itoa(c+1) + ":" + req.Reservation
+	}
+	_, err = l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		done := map[Scope]bool{}
+		for _, q := range req.Quotas {
+			if !done[q.Scope] {
+				done[q.Scope] = true
+				p.ZRem(ctx, l.RedisKey(req.Key, q.Scope), entries...)
+				p.ZRem(ctx, reservationKey(l.prefix, req.Key, q.Scope), entries...)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("throttle: cancel reservation %q of %s for tenant %q: %w", req.Reservation, req.Key.TaskType, req.Key.Tenant, err)
+	}
+	return nil
+}
+
 // RedisKey returns the Redis key of the window log that holds key's events at scope, of
 // the form "<prefix>:{<task type>}:tenant:<tenant>" or "<prefix>:{<task type>}:type"
 // with both parts escaped by url.PathEscape.

@@ -15,6 +15,7 @@ const (
 	OutcomeUnavailable = "unavailable" // the limiter could not decide; the task waits (fail closed)
 	OutcomeFailedOpen  = "failed_open" // the limiter could not decide; the task ran (Config.FailOpen)
 	OutcomeRejected    = "rejected"    // the task can never fit (bad cost, cost over a limit): archived
+	OutcomeOverdue     = "overdue"     // it would wait past Rule.MaxDelay or its deadline: Rule.Overdue applied
 )
 
 // Metrics are the middleware's Prometheus metrics. Create them once per registry with
@@ -37,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "asynq_throttle_decisions_total",
-			Help: "Throttled tasks by task type and outcome: admitted, waited, denied, deferred, unavailable, failed_open, rejected.",
+			Help: "Throttled tasks by task type and outcome: admitted, waited, denied, deferred, unavailable, failed_open, rejected, overdue.",
 		}, []string{"task_type", "outcome"}),
 		SkewFallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "asynq_throttle_clock_skew_fallbacks_total",

@@ -245,6 +245,9 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 			m.metrics.count(key.TaskType, OutcomeWaited)
 			continue // the same request: its reservation, if any, is now due
 		}
+		if reason := m.overdue(ctx, rule, d); reason != "" {
+			return m.giveUp(ctx, task, next, rule, req, reason)
+		}
 		wake := m.now().Add(d.RetryAfter)
 		if d.Reserved {
 			wake = wake.Add(-m.lead)
@@ -256,6 +259,50 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 			RetryAt:    wake, // local clock, as asynq's retry scores
 		}
 		return m.later(ctx, task, denied, denied.RetryAt)
+	}
+}
+
+// overdue returns why the task, denied by d, would wait too long under rule (longer than
+// rule.MaxDelay, or past its asynq Deadline), or "" if it would not.
+func (m *middleware) overdue(ctx context.Context, rule Rule, d throttle.Decision) string {
+	if rule.MaxDelay > 0 && d.RetryAfter > rule.MaxDelay {
+		return fmt.Sprintf("throttled for %s, more than max-delay %s", d.RetryAfter, rule.MaxDelay)
+	}
+	start := m.now().Add(d.RetryAfter)
+	dl, ok := ctx.Deadline()
+	if !ok || !start.After(dl) {
+		return ""
+	}
+	// The context's deadline is also the attempt's Timeout, which a re-queue renews: only
+	// the task's own Deadline, read from asynq, is final.
+	id, _ := asynq.GetTaskID(ctx)
+	queue, _ := asynq.GetQueueName(ctx)
+	info, err := m.inspector.GetTaskInfo(queue, id)
+	if err != nil || info.Deadline.IsZero() || !start.After(info.Deadline) {
+		return ""
+	}
+	return fmt.Sprintf("throttled until %s, after its deadline %s", start.Format(time.RFC3339), info.Deadline.Format(time.RFC3339))
+}
+
+// giveUp ends a task the throttle would hold back too long, as rule.Overdue says, after
+// giving up its reservation so that the slot goes to the next task.
+func (m *middleware) giveUp(ctx context.Context, task *asynq.Task, next asynq.Handler, rule Rule, req throttle.Request, reason string) error {
+	if err := m.lim.Cancel(ctx, req); err != nil {
+		m.log.Warn("throttle: could not cancel the reservation of an overdue task; its slot stays held for a window",
+			"task_type", req.Key.TaskType, "tenant", req.Key.Tenant, "err", err)
+	}
+	m.metrics.count(req.Key.TaskType, OutcomeOverdue)
+	id, _ := asynq.GetTaskID(ctx)
+	m.log.Warn("throttle: task overdue: "+reason, "task_id", id, "task_type", req.Key.TaskType,
+		"tenant", req.Key.Tenant, "rule", rule.String(), "overdue", rule.Overdue.String())
+	err := fmt.Errorf("worker: rule %q: task %s %s", rule.String(), id, reason)
+	switch rule.Overdue {
+	case OverdueRun:
+		return next.ProcessTask(ctx, task)
+	case OverdueDrop:
+		return fmt.Errorf("%w; dropped: %w", err, asynq.RevokeTask)
+	default:
+		return fmt.Errorf("%w; archived: %w", err, asynq.SkipRetry)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/hibiken/asynq"
 
@@ -26,6 +27,42 @@ type Rule struct {
 	// CostFunc, if set, computes the task's cost instead of CostHeader. An error from it
 	// is final for the task (see New).
 	CostFunc func(*asynq.Task) (int, error)
+	// MaxDelay, if > 0, is the longest a task may be held back by the throttle: a denial
+	// that makes it wait longer ends it as Overdue says. With reservations the whole wait
+	// is known at the first denial. Rule text: "max-delay=<Go duration>".
+	MaxDelay time.Duration
+	// Overdue is what happens to a task that would wait longer than MaxDelay, or whose
+	// reserved start is after its asynq Deadline. Rule text: "overdue=archive|run|drop".
+	// Defaults to OverdueArchive.
+	Overdue Overdue
+}
+
+// Overdue is the terminal outcome of a task that the throttle would hold back too long.
+type Overdue uint8
+
+const (
+	// OverdueArchive archives the task (asynq.SkipRetry) with the reason as its last
+	// error, so it can be inspected and run again by hand.
+	OverdueArchive Overdue = iota
+	// OverdueRun runs the task at once, over the limit: for work that must happen even
+	// late more than it must respect the quota.
+	OverdueRun
+	// OverdueDrop drops the task (asynq.RevokeTask: neither run nor archived) and logs a
+	// line naming it.
+	OverdueDrop
+)
+
+// String returns "archive", "run" or "drop", the words of the rule text.
+func (o Overdue) String() string {
+	switch o {
+	case OverdueArchive:
+		return "archive"
+	case OverdueRun:
+		return "run"
+	case OverdueDrop:
+		return "drop"
+	}
+	return fmt.Sprintf("Overdue(%d)", uint8(o))
 }
 
 // ErrBadCost matches, under errors.Is, the error for a task whose cost cannot be read or is
@@ -70,6 +107,12 @@ func (r Rule) String() string {
 	if r.CostHeader != "" {
 		parts = append(parts, "cost=header:"+r.CostHeader)
 	}
+	if r.MaxDelay > 0 {
+		parts = append(parts, "max-delay="+r.MaxDelay.String())
+	}
+	if r.Overdue != OverdueArchive {
+		parts = append(parts, "overdue="+r.Overdue.String())
+	}
 	return strings.Join(parts, " ")
 }
 
@@ -87,16 +130,24 @@ func (r Rule) Validate() error {
 			return fmt.Errorf("worker: rule %q: %w", r, err)
 		}
 	}
+	if r.MaxDelay < 0 {
+		return fmt.Errorf("worker: rule %q: negative MaxDelay %s", r, r.MaxDelay)
+	}
+	if r.Overdue > OverdueDrop {
+		return fmt.Errorf("worker: rule %q: unknown Overdue %d", r, r.Overdue)
+	}
 	return nil
 }
 
 // ParseRules reads rules in the THROTTLE_RULES form: rules separated by ';', each a task
 // type followed by one or more space-separated quotas "scope=events/window", where scope
 // is "tenant" (a limit for each tenant) or "type" (one limit for the whole type) and
-// window is a Go duration, and optionally "cost=header:<name>" (Rule.CostHeader):
+// window is a Go duration, and optionally "cost=header:<name>" (Rule.CostHeader),
+// "max-delay=<Go duration>" (Rule.MaxDelay) and "overdue=archive|run|drop" (Rule.Overdue):
 //
 //	api:call tenant=5/2s type=20/1s; email:send tenant=100/1h
 //	llm:complete tenant=40000/1m tenant=1000000/24h cost=header:tokens
+//	report:build tenant=2/1m max-delay=30m overdue=drop
 //
 // Empty rules (a trailing ';') and extra spaces are ignored; an empty s gives no rules.
 // The error names the rule (its 1-based position and text) and the offending part: a rule
@@ -125,6 +176,27 @@ func ParseRules(s string) ([]Rule, error) {
 					return nil, fmt.Errorf("worker: %s: %q: want one cost=header:<name>, e.g. cost=header:tokens", where, f)
 				}
 				r.CostHeader = header
+				continue
+			}
+			if v, ok := strings.CutPrefix(f, "max-delay="); ok {
+				d, err := time.ParseDuration(v)
+				if err != nil || d <= 0 {
+					return nil, fmt.Errorf("worker: %s: %q: want max-delay=<positive Go duration>, e.g. max-delay=30m", where, f)
+				}
+				r.MaxDelay = d
+				continue
+			}
+			if v, ok := strings.CutPrefix(f, "overdue="); ok {
+				switch v {
+				case "archive":
+					r.Overdue = OverdueArchive
+				case "run":
+					r.Overdue = OverdueRun
+				case "drop":
+					r.Overdue = OverdueDrop
+				default:
+					return nil, fmt.Errorf("worker: %s: %q: want overdue=archive, overdue=run or overdue=drop", where, f)
+				}
 				continue
 			}
 			q, err := parseQuota(f)
