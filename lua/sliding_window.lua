@@ -25,9 +25,19 @@
 -- A reservation that is never used stops counting one window after its instant, when the
 -- trim removes it like any entry.
 --
+-- Fairness on a type-wide quota: first come, first served would let one tenant's backlog
+-- hold every slot of the type for as long as it lasts. So when a tenant's event must
+-- reserve on the type-wide log, it takes the earliest slot ahead (among the next 4 x limit
+-- reservations) held by a tenant with at least two more reservations than it in the window
+-- ending there, and that reservation moves behind everything. Tenants waiting together thus
+-- share the type's slots equally. The owners hash maps each reservation on the type-wide
+-- log to "<tenant tag>/<cost>"; only cost-1 reservations are moved.
+--
 -- KEYS[j]       ZSET window log: member = "<slot>:<event id>", score = instant (ms)
 -- KEYS[m+j]     ZSET reservations of log j (only with a token): the log's reservation
---               entries, same members and scores; m = #KEYS / 2
+--               entries, same members and scores
+-- KEYS[2m+1]    HASH owners of the reservations on the type-wide log (only with a token
+--               and a type-wide quota): reservation id -> "<tenant tag>/<cost>"
 -- ARGV[1]       now_ms      caller's clock, integer ms since the Unix epoch; "" uses the
 --                           server's TIME instead
 -- ARGV[2]       member      unique event id (xid) of this admission; a replay with the same
@@ -36,7 +46,9 @@
 -- ARGV[4]       max_skew_ms if > 0 and now_ms is further than this from the server's
 --                           TIME, decide by the server's TIME instead (and say so)
 -- ARGV[5]       token       the waiting task's id for reservations, or "" for none
--- ARGV[3+3q], ARGV[4+3q], ARGV[5+3q] for quota q = 1..:
+-- ARGV[6]       type_log    index j of the type-wide log in KEYS, or 0 if none
+-- ARGV[7]       tag         the event's tenant, as a short tag, for the owners hash
+-- ARGV[5+3q], ARGV[6+3q], ARGV[7+3q] for quota q = 1..:
 --               j           index of the quota's log in KEYS (1..m)
 --               limit       most slots in one window, integer >= cost
 --               window_ms   window length, integer ms >= 1
@@ -73,9 +85,13 @@ end
 local member = ARGV[2]
 local cost = tonumber(ARGV[3])
 local token = ARGV[5]
+local type_log = tonumber(ARGV[6]) -- index of the type-wide log in KEYS, or 0
+local tag = ARGV[7]                -- the tenant's tag in the owners hash
 local m = #KEYS
 if token ~= '' then
-  m = m / 2
+  m = (m - (type_log > 0 and 1 or 0)) / 2
+else
+  type_log = 0
 end
 
 -- An event of cost c is c entries "1:<id>" .. "<c>:<id>": the number before the first
@@ -95,12 +111,12 @@ end
 
 local limits, windows, counts, logs = {}, {}, {}, {}
 local longest = {} -- per log j, its longest window among the quotas
-local nq = (#ARGV - 5) / 3
+local nq = (#ARGV - 7) / 3
 for q = 1, nq do
-  local j = tonumber(ARGV[3 + 3 * q])
+  local j = tonumber(ARGV[5 + 3 * q])
   logs[q] = j
-  limits[q] = tonumber(ARGV[4 + 3 * q])
-  windows[q] = tonumber(ARGV[5 + 3 * q])
+  limits[q] = tonumber(ARGV[6 + 3 * q])
+  windows[q] = tonumber(ARGV[7 + 3 * q])
   longest[j] = math.max(longest[j] or 0, windows[q])
 end
 
@@ -181,6 +197,57 @@ for q = 1, nq do
   end
 end
 
+-- fair_slot looks for an earlier slot on the type-wide log for a denied event whose first
+-- free instant there is at (quota q binding): the earliest reservation ahead of at, of cost
+-- 1, whose owner holds at least two more reservations than this tenant in the window
+-- ending at it, and whose instant this event's other quotas allow. It returns that
+-- instant and the victim's id, or at and nil. Each tenant waiting on a type-wide quota
+-- so gets an equal share of its slots, whatever backlog another tenant holds.
+local function fair_slot(at, q)
+  local w, limit = windows[q], limits[q]
+  local page = redis.call('ZRANGEBYSCORE', KEYS[m + type_log], '(' .. now_arg, '(' .. fmt(at),
+    'WITHSCORES', 'LIMIT', 0, 4 * limit)
+  if #page == 0 then
+    return at, nil
+  end
+  local ids, scores = {}, {}
+  for i = 1, #page, 2 do
+    ids[#ids + 1] = string.sub(page[i], string.find(page[i], ':', 1, true) + 1)
+    scores[#scores + 1] = tonumber(page[i + 1])
+  end
+  local owners = redis.call('HMGET', KEYS[2 * m + 1], unpack(ids))
+  local held = {} -- reservations per owner in the window (scores[i] - w, scores[i]]
+  local first, last = 1, 0
+  for i = 1, #ids do
+    while last < #ids and scores[last + 1] <= scores[i] do
+      last = last + 1
+      local owner = owners[last] or ''
+      held[owner] = (held[owner] or 0) + 1
+    end
+    while scores[first] <= scores[i] - w do
+      local gone = owners[first] or ''
+      held[gone] = held[gone] - 1
+      first = first + 1
+    end
+    local owner = owners[i] or ''
+    local mine = held[tag .. '/1'] or 0
+    if owner ~= tag .. '/1' and string.sub(owner, -2) == '/1' and held[owner] > mine + 1 then
+      local fits = true
+      for o = 1, nq do
+        if logs[o] ~= type_log and redis.call('ZCOUNT', KEYS[logs[o]],
+            '(' .. fmt(scores[i] - windows[o]), '+inf') + cost > limits[o] then
+          fits = false
+          break
+        end
+      end
+      if fits then
+        return scores[i], ids[i]
+      end
+    end
+  end
+  return at, nil
+end
+
 local replay = false
 local reserved = 0
 local allowed = 0
@@ -209,6 +276,9 @@ if allowed == 1 and not replay then
       if reserved_at ~= nil then
         redis.call('ZREM', KEYS[j], unpack(own))
         redis.call('ZREM', KEYS[m + j], unpack(own))
+        if j == type_log then
+          redis.call('HDEL', KEYS[2 * m + 1], token)
+        end
       end
     end
     local added = 0
@@ -233,6 +303,15 @@ elseif allowed == 0 and token ~= '' then
   reserved = 1
   if reserved_at == nil then
     local at = now + retry_after
+    local victim = nil
+    if type_log > 0 and logs[binding] == type_log and cost == 1 then
+      at, victim = fair_slot(at, binding)
+    end
+    if victim then
+      -- The victim's slot is ours; it goes behind everything, as a new reservation would.
+      redis.call('ZREM', KEYS[type_log], '1:' .. victim)
+      redis.call('ZREM', KEYS[m + type_log], '1:' .. victim)
+    end
     local held = entries_of(token, fmt(at))
     for j = 1, m do
       local w = longest[j]
@@ -243,10 +322,29 @@ elseif allowed == 0 and token ~= '' then
         redis.call('ZADD', KEYS[j], unpack(part))
         redis.call('ZADD', KEYS[m + j], unpack(part))
       end
+    end
+    if victim then
+      local q = binding
+      local count = redis.call('ZCOUNT', KEYS[type_log], '(' .. fmt(now - windows[q]), '+inf')
+      local rank = redis.call('ZCARD', KEYS[type_log]) - count + (count + 1 - limits[q]) - 1
+      local later = tonumber(redis.call('ZRANGE', KEYS[type_log], rank, rank, 'WITHSCORES')[2]) + windows[q]
+      later = math.max(later, at)
+      redis.call('ZADD', KEYS[type_log], later, '1:' .. victim)
+      redis.call('ZADD', KEYS[m + type_log], later, '1:' .. victim)
+    end
+    if type_log > 0 then
+      redis.call('HSET', KEYS[2 * m + 1], token, tag .. '/' .. cost)
+    end
+    for j = 1, m do
+      local w = longest[j]
       newest[j] = tonumber(redis.call('ZRANGE', KEYS[j], -1, -1, 'WITHSCORES')[2])
       redis.call('PEXPIRE', KEYS[j], fmt(newest[j] - now + w))
       redis.call('PEXPIRE', KEYS[m + j], fmt(newest[j] - now + w))
+      if j == type_log then
+        redis.call('PEXPIRE', KEYS[2 * m + 1], fmt(newest[j] - now + w))
+      end
     end
+    retry_after = at - now
   end
 end
 

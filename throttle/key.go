@@ -2,7 +2,9 @@ package throttle
 
 import (
 	"fmt"
+	"hash/fnv"
 	"net/url"
+	"strconv"
 )
 
 // Key names the business context of one event: its task type and its tenant.
@@ -82,6 +84,22 @@ func redisKey(prefix string, key Key, scope Scope) string {
 //	<prefix>:{<task type>}:reserved:type              ScopeType
 func reservationKey(prefix string, key Key, scope Scope) string {
 	return prefix + ":{" + url.PathEscape(key.TaskType) + "}:reserved:" + scopePart(key, scope)
+}
+
+// ownersKey returns the Redis key of the hash that names the tenant of each reservation
+// on the type-wide log of key's task type, for fairness between tenants:
+//
+//	<prefix>:{<task type>}:owners
+func ownersKey(prefix string, key Key) string {
+	return prefix + ":{" + url.PathEscape(key.TaskType) + "}:owners"
+}
+
+// tenantTag is a short, fixed-size name for tenant in the owners hash: the FNV-1a hash of
+// the tenant in hex. Two tenants with one tag would only share a fair share.
+func tenantTag(tenant string) string {
+	h := fnv.New64a()
+	h.Write([]byte(tenant))
+	return strconv.FormatUint(h.Sum64(), 16)
 }
 
 func scopePart(key Key, scope Scope) string {

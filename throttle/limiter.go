@@ -179,8 +179,9 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS string, maxSkew
 	var keys []string
 	var scopes []Scope
 	var tenantLog, typeLog int // 1-based index into keys, 0 while unused
-	args := make([]any, 5, 5+3*len(req.Quotas))
+	args := make([]any, 7, 7+3*len(req.Quotas))
 	args[0], args[1], args[2], args[3], args[4] = nowMS, member, cost, max(maxSkew.Milliseconds(), 0), req.Reservation
+	args[6] = tenantTag(req.Key.Tenant)
 	for _, q := range req.Quotas {
 		slot := &tenantLog
 		if q.Scope == ScopeType {
@@ -193,9 +194,13 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS string, maxSkew
 		}
 		args = append(args, *slot, q.Limit.Events, q.Limit.Window.Milliseconds())
 	}
+	args[5] = typeLog
 	if req.Reservation != "" {
 		for _, scope := range scopes {
 			keys = append(keys, reservationKey(l.prefix, req.Key, scope))
+		}
+		if typeLog > 0 {
+			keys = append(keys, ownersKey(l.prefix, req.Key))
 		}
 	}
 	r, err := lua.SlidingWindow.Run(ctx, l.rdb, keys, args...).Int64Slice()
