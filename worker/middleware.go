@@ -241,12 +241,12 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 			m.metrics.count(key.TaskType, OutcomeAdmitted)
 			return next.ProcessTask(context.WithValue(ctx, decisionKey{}, d), task)
 		}
+		if reason := m.overdue(ctx, rule, d); reason != "" {
+			return m.giveUp(ctx, task, next, rule, req, reason)
+		}
 		if m.sleep(ctx, d.RetryAfter) {
 			m.metrics.count(key.TaskType, OutcomeWaited)
 			continue // the same request: its reservation, if any, is now due
-		}
-		if reason := m.overdue(ctx, rule, d); reason != "" {
-			return m.giveUp(ctx, task, next, rule, req, reason)
 		}
 		wake := m.now().Add(d.RetryAfter)
 		if d.Reserved {
