@@ -33,7 +33,8 @@
 -- share the type's slots equally. The owners hash maps each reservation on the type-wide
 -- log to "<tenant tag>/<cost>"; only cost-1 reservations are moved.
 --
--- KEYS[j]       ZSET window log: member = "<slot>:<event id>", score = instant (ms)
+-- KEYS[j]       ZSET window log: member = "<slot>:<event id>" for an admission,
+--               "<slot>@<token>" for a reservation; score = instant (ms)
 -- KEYS[m+j]     ZSET reservations of log j (only with a token): the log's reservation
 --               entries, same members and scores
 -- KEYS[2m+1]    HASH owners of the reservations on the type-wide log (only with a token
@@ -94,13 +95,15 @@ else
   type_log = 0
 end
 
--- An event of cost c is c entries "1:<id>" .. "<c>:<id>": the number before the first
--- ':' keeps the entries of distinct (id, slot) pairs distinct, whatever the id contains.
-local function entries_of(id, score)
+-- An admission of cost c is c entries "1:<member>" .. "<c>:<member>", a reservation c
+-- entries "1@<token>" .. "<c>@<token>": the number and the separator after it keep the
+-- entries of distinct (kind, id, slot) triples distinct, whatever the ids contain, so a
+-- member can never pass for a reservation or the other way round.
+local function entries_of(sep, id, score)
   local e = {}
   for c = 1, cost do
     e[#e + 1] = score
-    e[#e + 1] = c .. ':' .. id
+    e[#e + 1] = c .. sep .. id
   end
   return e
 end
@@ -125,7 +128,7 @@ local reserved_at = nil
 local own = {} -- this event's reservation entries
 if token ~= '' then
   for c = 1, cost do
-    own[c] = c .. ':' .. token
+    own[c] = c .. '@' .. token
   end
   for j = 1, m do
     local raw = redis.call('ZSCORE', KEYS[m + j], own[1])
@@ -212,7 +215,7 @@ local function fair_slot(at, q)
   end
   local ids, scores = {}, {}
   for i = 1, #page, 2 do
-    ids[#ids + 1] = string.sub(page[i], string.find(page[i], ':', 1, true) + 1)
+    ids[#ids + 1] = string.sub(page[i], string.find(page[i], '@', 1, true) + 1)
     scores[#scores + 1] = tonumber(page[i + 1])
   end
   local owners = redis.call('HMGET', KEYS[2 * m + 1], unpack(ids))
@@ -267,7 +270,7 @@ end
 
 local newest = {}
 if allowed == 1 and not replay then
-  local admitted = entries_of(member, now_arg)
+  local admitted = entries_of(':', member, now_arg)
   for j = 1, m do
     local w = longest[j]
     redis.call('ZREMRANGEBYSCORE', KEYS[j], '-inf', fmt(now - w))
@@ -309,10 +312,10 @@ elseif allowed == 0 and token ~= '' then
     end
     if victim then
       -- The victim's slot is ours; it goes behind everything, as a new reservation would.
-      redis.call('ZREM', KEYS[type_log], '1:' .. victim)
-      redis.call('ZREM', KEYS[m + type_log], '1:' .. victim)
+      redis.call('ZREM', KEYS[type_log], '1@' .. victim)
+      redis.call('ZREM', KEYS[m + type_log], '1@' .. victim)
     end
-    local held = entries_of(token, fmt(at))
+    local held = entries_of('@', token, fmt(at))
     for j = 1, m do
       local w = longest[j]
       redis.call('ZREMRANGEBYSCORE', KEYS[j], '-inf', fmt(now - w))
@@ -329,8 +332,8 @@ elseif allowed == 0 and token ~= '' then
       local rank = redis.call('ZCARD', KEYS[type_log]) - count + (count + 1 - limits[q]) - 1
       local later = tonumber(redis.call('ZRANGE', KEYS[type_log], rank, rank, 'WITHSCORES')[2]) + windows[q]
       later = math.max(later, at)
-      redis.call('ZADD', KEYS[type_log], later, '1:' .. victim)
-      redis.call('ZADD', KEYS[m + type_log], later, '1:' .. victim)
+      redis.call('ZADD', KEYS[type_log], later, '1@' .. victim)
+      redis.call('ZADD', KEYS[m + type_log], later, '1@' .. victim)
     end
     if type_log > 0 then
       redis.call('HSET', KEYS[2 * m + 1], token, tag .. '/' .. cost)

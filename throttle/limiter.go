@@ -141,7 +141,7 @@ func (l *Limiter) Cancel(ctx context.Context, req Request) error {
 	}
 	entries := make([]any, cost)
 	for c := range cost {
-		entries[c] = strconv.Itoa(c+1) + ":" + req.Reservation
+		entries[c] = strconv.Itoa(c+1) + "@" + req.Reservation // a reservation's entries, as sliding_window.lua names them
 	}
 	_, err = l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		done := map[Scope]bool{}

@@ -153,7 +153,7 @@ func TestLimiter_AllowAt_reservationsSpreadDenials(t *testing.T) {
 
 			want := map[string]int64{}
 			for i := 1; i <= 50; i++ {
-				want[fmt.Sprintf("1:task-%d", i)] = 2000 + 1000*int64((i-1)/5)
+				want[fmt.Sprintf("1@task-%d", i)] = 2000 + 1000*int64((i-1)/5)
 			}
 			resvWantSet(t, rdb, reserved, want)
 			if n := zcard(t, rdb, log); n != 55 {
@@ -302,7 +302,7 @@ func TestLimiter_AllowAt_dueReservationNotBlockedBehind(t *testing.T) {
 					at, outcomeOf(d), d.Reserved, 2500-at)
 			}
 		}
-		resvWantSet(t, rdb, resvSetKey(t, l, c.Key, throttle.ScopeTenant), map[string]int64{"1:C": 2000})
+		resvWantSet(t, rdb, resvSetKey(t, l, c.Key, throttle.ScopeTenant), map[string]int64{"1@C": 2000})
 		resvWantAdmitted(t, l, c, 2500)
 		resvWantSet(t, rdb, resvSetKey(t, l, c.Key, throttle.ScopeTenant), map[string]int64{})
 	})
@@ -319,7 +319,7 @@ func TestLimiter_AllowAt_reservationReplay(t *testing.T) {
 	mustAdmit(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{q}}, 0)
 	b := throttle.Request{Key: key, Quotas: []throttle.Quota{q}, Reservation: "task-b", Member: "m1"}
 	resvWantReserved(t, l, b, 500, 1000)
-	resvWantSet(t, rdb, keys[1], map[string]int64{"1:task-b": 1000})
+	resvWantSet(t, rdb, keys[1], map[string]int64{"1@task-b": 1000})
 	ttls := []time.Duration{pttl(t, rdb, keys[0]), pttl(t, rdb, keys[1])}
 	for _, call := range []struct {
 		member string
@@ -371,8 +371,8 @@ func TestLimiter_AllowAt_unusedReservationExpires(t *testing.T) {
 
 	// B, back after its reservation lapsed, is a new waiting event: it reserves again.
 	resvWantReserved(t, l, b, 2000, 3000)
-	resvWantSet(t, rdb, log, map[string]int64{"1:C": 2000, "1:B": 3000})
-	resvWantSet(t, rdb, reserved, map[string]int64{"1:B": 3000})
+	resvWantSet(t, rdb, log, map[string]int64{"1:C": 2000, "1@B": 3000})
+	resvWantSet(t, rdb, reserved, map[string]int64{"1@B": 3000})
 	resvWantExpires(t, rdb, "B reserved again", log, reserved)
 	resvWantAdmitted(t, l, b, 3000)
 	resvWantExpires(t, rdb, "B admitted", log)
@@ -399,7 +399,7 @@ func TestLimiter_AllowAt_reservationCost(t *testing.T) {
 	want := map[string]int64{}
 	for _, id := range []string{"R1", "R2", "R3", "R4", "R5"} {
 		resvWantReserved(t, l, cost2(id), 1000, instants[id])
-		want["1:"+id], want["2:"+id] = instants[id], instants[id]
+		want["1@"+id], want["2@"+id] = instants[id], instants[id]
 	}
 	resvWantSet(t, rdb, reserved, want)
 
@@ -424,8 +424,8 @@ func TestLimiter_AllowAt_reservationCost(t *testing.T) {
 		if d.Count != wantCount || d.Remaining != 5-wantCount {
 			t.Errorf("%s at %d: Count %d Remaining %d, want %d and %d", id, instants[id], d.Count, d.Remaining, wantCount, 5-wantCount)
 		}
-		delete(want, "1:"+id)
-		delete(want, "2:"+id)
+		delete(want, "1@"+id)
+		delete(want, "2@"+id)
 		resvWantSet(t, rdb, reserved, want)
 	}
 }
@@ -475,13 +475,13 @@ func TestLimiter_AllowAt_reservationMultiQuota(t *testing.T) {
 		return int64(f)
 	}
 	for _, k := range []string{tenantA, typ, resA, resT} {
-		if got := score(k, "1:r3"); got != 2200 {
+		if got := score(k, "1@r3"); got != 2200 {
 			t.Errorf("%s: r3 scored %d, want 2200", k, got)
 		}
 	}
-	resvWantSet(t, rdb, resA, map[string]int64{"1:r1": 2000, "1:r3": 2200})
-	resvWantSet(t, rdb, resB, map[string]int64{"1:r2": 2050})
-	resvWantSet(t, rdb, resT, map[string]int64{"1:r1": 2000, "1:r2": 2050, "1:r3": 2200})
+	resvWantSet(t, rdb, resA, map[string]int64{"1@r1": 2000, "1@r3": 2200})
+	resvWantSet(t, rdb, resB, map[string]int64{"1@r2": 2050})
+	resvWantSet(t, rdb, resT, map[string]int64{"1@r1": 2000, "1@r2": 2050, "1@r3": 2200})
 	resvWantExpires(t, rdb, "reservations made", tenantA, tenantB, typ, resA, resB, resT)
 
 	keys := []string{tenantA, tenantB, typ, resA, resB, resT}
@@ -493,7 +493,7 @@ func TestLimiter_AllowAt_reservationMultiQuota(t *testing.T) {
 	resvWantAdmitted(t, l, req(b, "r2"), 2050)
 	resvWantAdmitted(t, l, req(a, "r3"), 2200)
 	for _, k := range []string{tenantA, typ, resA, resT} {
-		if _, err := rdb.ZScore(context.Background(), k, "1:r3").Result(); !errors.Is(err, redis.Nil) {
+		if _, err := rdb.ZScore(context.Background(), k, "1@r3").Result(); !errors.Is(err, redis.Nil) {
 			t.Errorf("%s still holds r3's reservation after its admission (err %v)", k, err)
 		}
 	}
@@ -523,7 +523,7 @@ func TestLimiter_AllowAt_reservationMultiQuota(t *testing.T) {
 }
 
 // TestLimiter_AllowAt_reservationIDsAreData: reservation ids that contain ':' or look
-// like another id's entries ("1:x" beside "x", whose cost-2 entries are "1:x" and "2:x")
+// like another id's entries ("1@x" beside "x", whose cost-2 entries are "1@x" and "2@x")
 // keep reservations of their own.
 func TestLimiter_AllowAt_reservationIDsAreData(t *testing.T) {
 	t.Parallel()
@@ -536,14 +536,14 @@ func TestLimiter_AllowAt_reservationIDsAreData(t *testing.T) {
 	}
 	mustAdmit(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{q}, Cost: 2}, 1000)
 	mustAdmit(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{q}, Cost: 2}, 1000)
-	ids := []string{"x", "1:x", "2:x", ":x"}
-	instants := map[string]int64{"x": 2000, "1:x": 2000, "2:x": 3000, ":x": 3000}
+	ids := []string{"x", "1@x", "2@x", ":x"}
+	instants := map[string]int64{"x": 2000, "1@x": 2000, "2@x": 3000, ":x": 3000}
 	for _, id := range ids {
 		resvWantReserved(t, l, req(id), 1000, instants[id])
 	}
 	want := map[string]int64{}
 	for _, id := range ids {
-		want["1:"+id], want["2:"+id] = instants[id], instants[id]
+		want["1@"+id], want["2@"+id] = instants[id], instants[id]
 	}
 	resvWantSet(t, rdb, reserved, want)
 	if n := zcard(t, rdb, reserved); n != 8 {
@@ -558,10 +558,27 @@ func TestLimiter_AllowAt_reservationIDsAreData(t *testing.T) {
 		resvWantUnchanged(t, rdb, keys, s, "replay of "+id)
 	}
 	// Each is used on its own: the one whose entries look like another's first.
-	for _, id := range []string{"1:x", "x", ":x", "2:x"} {
+	for _, id := range []string{"1@x", "x", ":x", "2@x"} {
 		resvWantAdmitted(t, l, req(id), instants[id])
-		delete(want, "1:"+id)
-		delete(want, "2:"+id)
+		delete(want, "1@"+id)
+		delete(want, "2@"+id)
 		resvWantSet(t, rdb, reserved, want)
 	}
+}
+
+// TestLimiter_AllowAt_memberIsNotAReservation: an admission's Member and a reservation id
+// live in different namespaces, so a Member equal to a pending (or lapsed) reservation id
+// is not taken for a replay of an admission: it is counted and denied like any event.
+func TestLimiter_AllowAt_memberIsNotAReservation(t *testing.T) {
+	t.Parallel()
+	l, _ := newLimiterClient(t, throttle.Config{})
+	q := tenantQuota(1, time.Second)
+	k := throttle.Key{TaskType: "api:call", Tenant: "acme"}
+	mustAdmit(t, l, throttle.Request{Key: k, Quotas: []throttle.Quota{q}}, 0)
+	d := allowAt(t, l, throttle.Request{Key: k, Quotas: []throttle.Quota{q}, Reservation: "job-7"}, 100)
+	if !d.Reserved || d.RetryAfter != msd(900) {
+		t.Fatalf("job-7 at 100: %+v, want a reservation at 1000", outcomeOf(d))
+	}
+	wantOutcome(t, l, throttle.Request{Key: k, Quotas: []throttle.Quota{q}, Member: "job-7"}, 200,
+		outcome{Quota: q, Count: 2, RetryAfter: msd(1800), ResetAfter: msd(1800)})
 }

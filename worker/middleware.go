@@ -250,7 +250,7 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 		}
 		wake := m.now().Add(d.RetryAfter)
 		if d.Reserved {
-			wake = wake.Add(-m.lead)
+			wake = wake.Add(-m.leadFor(ctx))
 		}
 		denied := &throttle.DeniedError{
 			Key:        key,
@@ -304,6 +304,18 @@ func (m *middleware) giveUp(ctx context.Context, task *asynq.Task, next asynq.Ha
 	default:
 		return fmt.Errorf("%w; archived: %w", err, asynq.SkipRetry)
 	}
+}
+
+// leadFor is how early to wake a re-queued reserved task: WakeLead, but no more than the
+// task will be able to wait in its handler when it comes back (MaxWait, and what is left of
+// this attempt's deadline, which the next attempt gets again at least), so that it is
+// never woken only to be re-queued again.
+func (m *middleware) leadFor(ctx context.Context) time.Duration {
+	lead := min(m.lead, max(m.maxWait, 0))
+	if dl, ok := ctx.Deadline(); ok {
+		lead = min(lead, max(dl.Sub(m.now())-100*time.Millisecond, 0))
+	}
+	return lead
 }
 
 // sleep waits d inside the handler and reports true if d is at most MaxWait and ends
