@@ -33,7 +33,8 @@ type Metrics struct {
 
 // NewMetrics creates the metrics and registers them with reg under the names
 // asynq_throttle_decisions_total, asynq_throttle_clock_skew_fallbacks_total and
-// asynq_throttle_clock_skew_seconds. It returns reg's error if one is already registered.
+// asynq_throttle_clock_skew_seconds. It returns reg's error if one is already registered,
+// and then leaves none of them registered.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -49,8 +50,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "The worker's clock minus the Redis server's TIME at the last decision.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.Decisions, m.SkewFallbacks, m.ClockSkew} {
+	collectors := []prometheus.Collector{m.Decisions, m.SkewFallbacks, m.ClockSkew}
+	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
+			for _, done := range collectors[:i] { // all or nothing, so that a retry can work
+				reg.Unregister(done)
+			}
 			return nil, errors.Join(errors.New("worker: register metrics"), err)
 		}
 	}

@@ -199,7 +199,8 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 type decisionKey struct{}
 
 // DecisionFrom returns the admission Decision of the task whose handler got ctx, and
-// false if the task was not throttled (no rule for its type).
+// false if the task ran without one: no rule for its type, or run unthrottled by
+// FailOpen or overdue=run.
 func DecisionFrom(ctx context.Context) (throttle.Decision, bool) {
 	d, ok := ctx.Value(decisionKey{}).(throttle.Decision)
 	return d, ok
@@ -381,6 +382,9 @@ func (m *middleware) reject(ctx context.Context, key throttle.Key, rule Rule, er
 	id, _ := asynq.GetTaskID(ctx)
 	m.log.Error("throttle: task can never run under its rule; archiving it",
 		"task_id", id, "task_type", key.TaskType, "tenant", key.Tenant, "rule", rule.String(), "err", err)
+	if errors.Is(err, ErrBadCost) { // already "worker: bad task cost: ..."
+		return fmt.Errorf("%w (rule %q): %w", err, rule.String(), asynq.SkipRetry)
+	}
 	return fmt.Errorf("worker: rule %q: %w: %w", rule.String(), err, asynq.SkipRetry)
 }
 
@@ -407,12 +411,15 @@ func (m *middleware) checkSkew(key throttle.Key, d throttle.Decision) {
 func (m *middleware) later(ctx context.Context, task *asynq.Task, err error, retryAt time.Time) error {
 	retried, _ := asynq.GetRetryCount(ctx)
 	maxRetry, _ := asynq.GetMaxRetry(ctx)
+	denied := errors.Is(err, throttle.ErrDenied) // else unavailable, counted as such already
 	if retried < maxRetry {
-		if errors.Is(err, throttle.ErrDenied) {
+		if denied {
 			m.metrics.count(task.Type(), OutcomeDenied)
 		}
 		return err
 	}
-	m.metrics.count(task.Type(), OutcomeDeferred)
+	if denied {
+		m.metrics.count(task.Type(), OutcomeDeferred)
+	}
 	return m.deferTask(ctx, task, err, retryAt, maxRetry-retried)
 }

@@ -163,6 +163,7 @@ func ParseRules(s string) ([]Rule, error) {
 		}
 		where := fmt.Sprintf("rule %d %q", i+1, strings.TrimSpace(text))
 		r := Rule{TaskType: fields[0]}
+		overdueSet := false
 		if strings.Contains(r.TaskType, "=") {
 			return nil, fmt.Errorf("worker: %s: starts with quota %q; want a task type first, e.g. \"api:call tenant=5/2s\"", where, r.TaskType)
 		}
@@ -180,13 +181,17 @@ func ParseRules(s string) ([]Rule, error) {
 			}
 			if v, ok := strings.CutPrefix(f, "max-delay="); ok {
 				d, err := time.ParseDuration(v)
-				if err != nil || d <= 0 {
-					return nil, fmt.Errorf("worker: %s: %q: want max-delay=<positive Go duration>, e.g. max-delay=30m", where, f)
+				if err != nil || d <= 0 || r.MaxDelay != 0 {
+					return nil, fmt.Errorf("worker: %s: %q: want one max-delay=<positive Go duration>, e.g. max-delay=30m", where, f)
 				}
 				r.MaxDelay = d
 				continue
 			}
 			if v, ok := strings.CutPrefix(f, "overdue="); ok {
+				if overdueSet {
+					return nil, fmt.Errorf("worker: %s: %q: overdue= is given twice", where, f)
+				}
+				overdueSet = true
 				switch v {
 				case "archive":
 					r.Overdue = OverdueArchive
