@@ -6,10 +6,14 @@
 -- admitted iff, for every quota q on log KEYS[j], the entries of KEYS[j] scored in
 -- (now_ms - window_ms_q, +inf) number at most limit_q - c. Reservations in the future
 -- count too, so a new event never takes a slot promised to an earlier one, and so do
--- admissions from a caller whose clock runs ahead. An admission trims each log by its
--- longest window, adds c entries scored now_ms, and sets PEXPIRE so the log outlives its
--- newest entry by that window. Several quotas may share one log (10/1s and 500/1h for one
--- tenant). All KEYS share one hash slot.
+-- admissions from a caller whose clock runs ahead. An admission adds c entries scored
+-- now_ms. Several quotas may share one log (10/1s and 500/1h for one tenant). All KEYS
+-- share one hash slot.
+--
+-- Trimming: a write removes the entries scored at or before now_ms - longest window -
+-- grace_ms, and PEXPIRE keeps each set until its newest entry is that old. The grace is
+-- how far behind another caller's clock may be: its call can reach Redis after a call
+-- stamped later, and must still find every entry of its own window.
 --
 -- Without a token a denial writes nothing. With a token (the waiting task's id):
 --   * a denied event that holds no reservation reserves the first instant t at which every
@@ -22,34 +26,34 @@
 --     now_ms, leave room for c: reservations behind it do not block it. Admission turns
 --     the reservation into an admission at now_ms. Otherwise it is denied until that room
 --     comes, keeping its reservation where it is.
--- A reservation that is never used stops counting one window after its instant, when the
--- trim removes it like any entry.
+-- A reservation that is never used stops counting one window after its instant.
 --
 -- Fairness on a type-wide quota: first come, first served would let one tenant's backlog
 -- hold every slot of the type for as long as it lasts. So when a tenant's event must
 -- reserve on the type-wide log, it takes the earliest slot ahead (among the next 4 x limit
 -- reservations) held by a tenant with at least two more reservations than it in the window
--- ending there, and that reservation moves behind everything. Tenants waiting together thus
--- share the type's slots equally. The owners hash maps each reservation on the type-wide
--- log to "<tenant tag>/<cost>"; only cost-1 reservations are moved.
+-- ending there, and that reservation moves behind everything on the type-wide log. Tenants
+-- waiting together thus share the type's slots equally. The owners hash maps each
+-- reservation on the type-wide log to "<tenant tag>/<cost>"; only cost-1 reservations move.
 --
--- KEYS[j]       ZSET window log: member = "<slot>:<event id>" for an admission,
+-- KEYS[j]       ZSET window log j = 1..m: member "<slot>:<member>" for an admission,
 --               "<slot>@<token>" for a reservation; score = instant (ms)
--- KEYS[m+j]     ZSET reservations of log j (only with a token): the log's reservation
---               entries, same members and scores
+-- KEYS[m+j]     ZSET reservations of log j: its reservation entries, same members and
+--               scores (reservation sets always follow the logs, token or not)
 -- KEYS[2m+1]    HASH owners of the reservations on the type-wide log (only with a token
---               and a type-wide quota): reservation id -> "<tenant tag>/<cost>"
+--               and a type-wide quota): token -> "<tenant tag>/<cost>"
 -- ARGV[1]       now_ms      caller's clock, integer ms since the Unix epoch; "" uses the
 --                           server's TIME instead
--- ARGV[2]       member      unique event id (xid) of this admission; a replay with the same
---                           id finds it and reports the admission again, taking no slot
+-- ARGV[2]       member      unique event id (xid) of this admission; a call that finds it
+--                           in a log reports the admission again and writes nothing
 -- ARGV[3]       cost        slots the event takes, integer >= 1
 -- ARGV[4]       max_skew_ms if > 0 and now_ms is further than this from the server's
 --                           TIME, decide by the server's TIME instead (and say so)
 -- ARGV[5]       token       the waiting task's id for reservations, or "" for none
 -- ARGV[6]       type_log    index j of the type-wide log in KEYS, or 0 if none
 -- ARGV[7]       tag         the event's tenant, as a short tag, for the owners hash
--- ARGV[5+3q], ARGV[6+3q], ARGV[7+3q] for quota q = 1..:
+-- ARGV[8]       grace_ms    how long entries outlive their longest window, integer >= 0
+-- ARGV[6+3q], ARGV[7+3q], ARGV[8+3q] for quota q = 1..:
 --               j           index of the quota's log in KEYS (1..m)
 --               limit       most slots in one window, integer >= cost
 --               window_ms   window length, integer ms >= 1
@@ -57,7 +61,7 @@
 -- Returns integers {allowed, replay, binding, count, remaining, retry_after_ms, reset_ms,
 -- now_ms, server_ms, skewed, reserved}:
 --   allowed        1 admitted (or replayed), 0 denied
---   replay         1 if member was already admitted: no slot was taken
+--   replay         1 if member was already admitted: nothing was written
 --   binding        the quota q that decided: on denial the first with the longest
 --                  retry-after, else the first with the fewest slots left
 --   count          entries counted in that quota's window after this call
@@ -86,13 +90,18 @@ end
 local member = ARGV[2]
 local cost = tonumber(ARGV[3])
 local token = ARGV[5]
-local type_log = tonumber(ARGV[6]) -- index of the type-wide log in KEYS, or 0
-local tag = ARGV[7]                -- the tenant's tag in the owners hash
-local m = #KEYS
-if token ~= '' then
-  m = (m - (type_log > 0 and 1 or 0)) / 2
-else
-  type_log = 0
+local type_log = tonumber(ARGV[6])
+local tag = ARGV[7]
+local grace = tonumber(ARGV[8])
+local owners = nil -- the owners hash's key, when fairness applies
+local m = #KEYS / 2
+if token ~= '' and type_log > 0 then
+  m = (#KEYS - 1) / 2
+  owners = KEYS[2 * m + 1]
+end
+
+local function fmt(x)
+  return string.format('%d', x)
 end
 
 -- An admission of cost c is c entries "1:<member>" .. "<c>:<member>", a reservation c
@@ -108,33 +117,73 @@ local function entries_of(sep, id, score)
   return e
 end
 
-local function fmt(x)
-  return string.format('%d', x)
+-- Is this log entry an admission (not a reservation)?
+local function is_admission(entry)
+  return string.match(entry, '^%d+(.)') == ':'
 end
 
 local limits, windows, counts, logs = {}, {}, {}, {}
 local longest = {} -- per log j, its longest window among the quotas
-local nq = (#ARGV - 7) / 3
+local nq = (#ARGV - 8) / 3
 for q = 1, nq do
-  local j = tonumber(ARGV[5 + 3 * q])
+  local j = tonumber(ARGV[6 + 3 * q])
   logs[q] = j
-  limits[q] = tonumber(ARGV[6 + 3 * q])
-  windows[q] = tonumber(ARGV[7 + 3 * q])
+  limits[q] = tonumber(ARGV[7 + 3 * q])
+  windows[q] = tonumber(ARGV[8 + 3 * q])
   longest[j] = math.max(longest[j] or 0, windows[q])
 end
 
--- The instant of this event's reservation, if it holds one that has not expired.
-local reserved_at = nil
-local own = {} -- this event's reservation entries
-if token ~= '' then
+-- trim drops the entries of log j, and of its reservation set, too old to count for any
+-- caller; with the owners hash, the owners of the reservations dropped from the type log.
+local function trim(j)
+  local floor = fmt(now - longest[j] - grace)
+  if owners and j == type_log then
+    local gone = redis.call('ZRANGEBYSCORE', KEYS[m + j], '-inf', floor)
+    for i = 1, #gone do
+      redis.call('HDEL', owners, string.sub(gone[i], string.find(gone[i], '@', 1, true) + 1))
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[j], '-inf', floor)
+  redis.call('ZREMRANGEBYSCORE', KEYS[m + j], '-inf', floor)
+end
+
+-- expire sets the TTL of log j and its reservation set (and owners with the type log) to
+-- last until the log's newest entry is too old to count; it returns that newest score.
+local function expire(j)
+  local newest = tonumber(redis.call('ZRANGE', KEYS[j], -1, -1, 'WITHSCORES')[2] or now)
+  local ttl = fmt(math.max(newest, now) - now + longest[j] + grace)
+  redis.call('PEXPIRE', KEYS[j], ttl)
+  redis.call('PEXPIRE', KEYS[m + j], ttl)
+  if owners and j == type_log then
+    redis.call('PEXPIRE', owners, ttl)
+  end
+  return newest
+end
+
+-- A replay: this member's admission is still in a log. Report it again; write nothing.
+local replay = false
+for j = 1, m do
+  if redis.call('ZSCORE', KEYS[j], '1:' .. member) then
+    replay = true
+    break
+  end
+end
+
+-- This event's reservation: its entries "<c>@<token>" and, per log, their instant.
+local own = {}
+local own_at = {} -- per log j, the instant of this event's reservation in it
+local reserved_at = nil -- the latest of them: when the reservation is due
+if token ~= '' and not replay then
   for c = 1, cost do
     own[c] = c .. '@' .. token
   end
   for j = 1, m do
     local raw = redis.call('ZSCORE', KEYS[m + j], own[1])
-    local s = raw and tonumber(raw)
-    if s and s > now - longest[j] and (reserved_at == nil or s > reserved_at) then
-      reserved_at = s
+    -- A reservation lapses one window after its instant (the grace only keeps it for
+    -- late callers to count): then the event waits again like a new one.
+    if raw and tonumber(raw) > now - longest[j] then
+      own_at[j] = tonumber(raw)
+      reserved_at = math.max(reserved_at or own_at[j], own_at[j])
     end
   end
 end
@@ -144,6 +193,33 @@ for _, e in ipairs(own) do
   is_own[e] = true
 end
 
+-- kth_due is the k-th oldest entry blocking a due reservation on log j for a window of w:
+-- entries in (now - w, now] other than its own, then admissions after now.
+local function kth_due(j, w, k)
+  local seen = 0
+  local page = redis.call('ZRANGEBYSCORE', KEYS[j], '(' .. fmt(now - w), now_arg, 'WITHSCORES', 'LIMIT', 0, k + cost)
+  for i = 1, #page, 2 do
+    if not is_own[page[i]] then
+      seen = seen + 1
+      if seen == k then
+        return tonumber(page[i + 1])
+      end
+    end
+  end
+  -- Admissions after now come from callers whose clocks run ahead: few, among many
+  -- reservations. Look at a bounded page; past it, wait a whole window (safe, rare).
+  page = redis.call('ZRANGEBYSCORE', KEYS[j], '(' .. now_arg, '+inf', 'WITHSCORES', 'LIMIT', 0, 1000)
+  for i = 1, #page, 2 do
+    if is_admission(page[i]) then
+      seen = seen + 1
+      if seen == k then
+        return tonumber(page[i + 1])
+      end
+    end
+  end
+  return now
+end
+
 local retry_after = 0
 local binding = 1
 for q = 1, nq do
@@ -151,11 +227,13 @@ for q = 1, nq do
   local log = KEYS[j]
   local floor = '(' .. fmt(now - windows[q])
   local count
-  if due then
+  if replay or (reserved_at ~= nil and not due) then
+    count = redis.call('ZCOUNT', log, floor, '+inf')
+  elseif due then
     -- Entries up to now, less this event's own reservation, plus admissions after now:
     -- reservations behind this one do not block it.
     count = redis.call('ZCOUNT', log, floor, now_arg)
-    if reserved_at > now - windows[q] then
+    if own_at[j] and own_at[j] > now - windows[q] and own_at[j] <= now then
       count = count - cost
     end
     count = count + redis.call('ZCOUNT', log, '(' .. now_arg, '+inf')
@@ -164,35 +242,22 @@ for q = 1, nq do
     count = redis.call('ZCOUNT', log, floor, '+inf')
   end
   counts[q] = count
-  if reserved_at ~= nil and not due then
+  if replay then
+    -- nothing to decide
+  elseif reserved_at ~= nil and not due then
     -- Not yet due: come back at the reservation's instant.
     retry_after = reserved_at - now
   elseif count + cost > limits[q] then
     local k = count + cost - limits[q]
     local kth
     if due then
-      -- The k-th oldest entry up to now that is not this event's own (k <= limit).
-      local page = redis.call('ZRANGEBYSCORE', log, floor, now_arg, 'WITHSCORES', 'LIMIT', 0, k + cost)
-      local seen = 0
-      for i = 1, #page, 2 do
-        if not is_own[page[i]] then
-          seen = seen + 1
-          if seen == k then
-            kth = tonumber(page[i + 1])
-            break
-          end
-        end
-      end
-      kth = kth or now -- only admissions after now block it: try again in 1ms
+      kth = kth_due(j, windows[q], k)
     else
       -- By rank, not by LIMIT offset: a backlog of reservations makes k large.
       local rank = redis.call('ZCARD', log) - count + k - 1
       kth = tonumber(redis.call('ZRANGE', log, rank, rank, 'WITHSCORES')[2])
     end
-    local wait = kth + windows[q] - now
-    if wait < 1 then
-      wait = 1
-    end
+    local wait = math.max(kth + windows[q] - now, 1)
     if wait > retry_after then
       retry_after = wait
       binding = q
@@ -204,8 +269,7 @@ end
 -- free instant there is at (quota q binding): the earliest reservation ahead of at, of cost
 -- 1, whose owner holds at least two more reservations than this tenant in the window
 -- ending at it, and whose instant this event's other quotas allow. It returns that
--- instant and the victim's id, or at and nil. Each tenant waiting on a type-wide quota
--- so gets an equal share of its slots, whatever backlog another tenant holds.
+-- instant and the victim's token, or at and nil.
 local function fair_slot(at, q)
   local w, limit = windows[q], limits[q]
   local page = redis.call('ZRANGEBYSCORE', KEYS[m + type_log], '(' .. now_arg, '(' .. fmt(at),
@@ -218,23 +282,23 @@ local function fair_slot(at, q)
     ids[#ids + 1] = string.sub(page[i], string.find(page[i], '@', 1, true) + 1)
     scores[#scores + 1] = tonumber(page[i + 1])
   end
-  local owners = redis.call('HMGET', KEYS[2 * m + 1], unpack(ids))
+  local held_by = redis.call('HMGET', owners, unpack(ids))
+  local mine_key = tag .. '/1'
   local held = {} -- reservations per owner in the window (scores[i] - w, scores[i]]
   local first, last = 1, 0
   for i = 1, #ids do
     while last < #ids and scores[last + 1] <= scores[i] do
       last = last + 1
-      local owner = owners[last] or ''
+      local owner = held_by[last] or ''
       held[owner] = (held[owner] or 0) + 1
     end
     while scores[first] <= scores[i] - w do
-      local gone = owners[first] or ''
+      local gone = held_by[first] or ''
       held[gone] = held[gone] - 1
       first = first + 1
     end
-    local owner = owners[i] or ''
-    local mine = held[tag .. '/1'] or 0
-    if owner ~= tag .. '/1' and string.sub(owner, -2) == '/1' and held[owner] > mine + 1 then
+    local owner = held_by[i] or ''
+    if owner ~= mine_key and string.sub(owner, -2) == '/1' and held[owner] > (held[mine_key] or 0) + 1 then
       local fits = true
       for o = 1, nq do
         if logs[o] ~= type_log and redis.call('ZCOUNT', KEYS[logs[o]],
@@ -251,63 +315,37 @@ local function fair_slot(at, q)
   return at, nil
 end
 
-local replay = false
-local reserved = 0
 local allowed = 0
-if retry_after == 0 then
-  allowed = 1
-elseif reserved_at == nil then
-  -- A denied call may repeat an admission whose reply was lost: find its entries.
-  for j = 1, m do
-    if redis.call('ZSCORE', KEYS[j], '1:' .. member) then
-      replay = true
-      allowed = 1
-      retry_after = 0
-      break
-    end
-  end
-end
-
+local reserved = 0
 local newest = {}
-if allowed == 1 and not replay then
+if replay then
+  allowed = 1
+elseif retry_after == 0 then
+  allowed = 1
   local admitted = entries_of(':', member, now_arg)
   for j = 1, m do
-    local w = longest[j]
-    redis.call('ZREMRANGEBYSCORE', KEYS[j], '-inf', fmt(now - w))
-    if token ~= '' then
-      redis.call('ZREMRANGEBYSCORE', KEYS[m + j], '-inf', fmt(now - w))
-      if reserved_at ~= nil then
-        redis.call('ZREM', KEYS[j], unpack(own))
-        redis.call('ZREM', KEYS[m + j], unpack(own))
-        if j == type_log then
-          redis.call('HDEL', KEYS[2 * m + 1], token)
-        end
+    trim(j)
+    if reserved_at ~= nil then
+      redis.call('ZREM', KEYS[j], unpack(own))
+      redis.call('ZREM', KEYS[m + j], unpack(own))
+      if owners and j == type_log then
+        redis.call('HDEL', owners, token)
       end
     end
-    local added = 0
     for first = 1, #admitted, 1000 do
-      added = added + redis.call('ZADD', KEYS[j], 'NX', unpack(admitted, first, math.min(first + 999, #admitted)))
+      redis.call('ZADD', KEYS[j], unpack(admitted, first, math.min(first + 999, #admitted)))
     end
-    if added == 0 then
-      replay = true
-    end
-    newest[j] = tonumber(redis.call('ZRANGE', KEYS[j], -1, -1, 'WITHSCORES')[2])
-    redis.call('PEXPIRE', KEYS[j], fmt(math.max(newest[j], now) - now + w))
-    if token ~= '' and redis.call('EXISTS', KEYS[m + j]) == 1 then
-      redis.call('PEXPIRE', KEYS[m + j], fmt(math.max(newest[j], now) - now + w))
-    end
+    newest[j] = expire(j)
   end
-  if not replay then
-    for q = 1, nq do
-      counts[q] = counts[q] + cost
-    end
+  for q = 1, nq do
+    counts[q] = counts[q] + cost
   end
-elseif allowed == 0 and token ~= '' then
+elseif token ~= '' then
   reserved = 1
   if reserved_at == nil then
     local at = now + retry_after
     local victim = nil
-    if type_log > 0 and logs[binding] == type_log and cost == 1 then
+    if owners and logs[binding] == type_log and cost == 1 then
       at, victim = fair_slot(at, binding)
     end
     if victim then
@@ -317,9 +355,7 @@ elseif allowed == 0 and token ~= '' then
     end
     local held = entries_of('@', token, fmt(at))
     for j = 1, m do
-      local w = longest[j]
-      redis.call('ZREMRANGEBYSCORE', KEYS[j], '-inf', fmt(now - w))
-      redis.call('ZREMRANGEBYSCORE', KEYS[m + j], '-inf', fmt(now - w))
+      trim(j)
       for first = 1, #held, 1000 do
         local part = {unpack(held, first, math.min(first + 999, #held))}
         redis.call('ZADD', KEYS[j], unpack(part))
@@ -335,17 +371,11 @@ elseif allowed == 0 and token ~= '' then
       redis.call('ZADD', KEYS[type_log], later, '1@' .. victim)
       redis.call('ZADD', KEYS[m + type_log], later, '1@' .. victim)
     end
-    if type_log > 0 then
-      redis.call('HSET', KEYS[2 * m + 1], token, tag .. '/' .. cost)
+    if owners then
+      redis.call('HSET', owners, token, tag .. '/' .. cost)
     end
     for j = 1, m do
-      local w = longest[j]
-      newest[j] = tonumber(redis.call('ZRANGE', KEYS[j], -1, -1, 'WITHSCORES')[2])
-      redis.call('PEXPIRE', KEYS[j], fmt(newest[j] - now + w))
-      redis.call('PEXPIRE', KEYS[m + j], fmt(newest[j] - now + w))
-      if j == type_log then
-        redis.call('PEXPIRE', KEYS[2 * m + 1], fmt(newest[j] - now + w))
-      end
+      newest[j] = expire(j)
     end
     retry_after = at - now
   end

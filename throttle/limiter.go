@@ -42,6 +42,10 @@ type Config struct {
 	// the Decision says SkewFallback, so a worker with a wrong clock can neither over-admit
 	// nor stall, and can be seen (package worker logs it and counts it). Defaults to 1s;
 	// negative disables the check. AllowAt never checks: its time is deliberate.
+	//
+	// Entries are kept 2 x MaxSkew (2s by default, also when the check is off) beyond
+	// their window: a call stamped by a clock that is behind can reach Redis after one
+	// stamped later, and must still count every entry of its own window.
 	MaxSkew time.Duration
 }
 
@@ -89,6 +93,7 @@ type Limiter struct {
 	clock   Clock
 	now     func() time.Time
 	maxSkew time.Duration // <= 0: no check
+	grace   time.Duration // how long entries outlive their window
 }
 
 // New returns a Limiter that keeps its window logs in rdb: a single node, a Sentinel
@@ -104,6 +109,12 @@ func New(rdb redis.UniversalClient, cfg Config) (*Limiter, error) {
 	l := &Limiter{rdb: rdb, prefix: cfg.Prefix, clock: cfg.Clock, now: cfg.NowFunc, maxSkew: cfg.MaxSkew}
 	if l.maxSkew == 0 {
 		l.maxSkew = DefaultMaxSkew
+	}
+	// Two callers within MaxSkew of the server are within 2 x MaxSkew of each other: the
+	// one behind must still find the entries of its whole window after the other trimmed.
+	l.grace = 2 * DefaultMaxSkew
+	if l.maxSkew > 0 {
+		l.grace = 2 * l.maxSkew
 	}
 	if l.prefix == "" {
 		l.prefix = DefaultPrefix
@@ -179,9 +190,9 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS string, maxSkew
 	var keys []string
 	var scopes []Scope
 	var tenantLog, typeLog int // 1-based index into keys, 0 while unused
-	args := make([]any, 7, 7+3*len(req.Quotas))
+	args := make([]any, 8, 8+3*len(req.Quotas))
 	args[0], args[1], args[2], args[3], args[4] = nowMS, member, cost, max(maxSkew.Milliseconds(), 0), req.Reservation
-	args[6] = tenantTag(req.Key.Tenant)
+	args[6], args[7] = tenantTag(req.Key.Tenant), l.grace.Milliseconds()
 	for _, q := range req.Quotas {
 		slot := &tenantLog
 		if q.Scope == ScopeType {
@@ -195,13 +206,11 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS string, maxSkew
 		args = append(args, *slot, q.Limit.Events, q.Limit.Window.Milliseconds())
 	}
 	args[5] = typeLog
-	if req.Reservation != "" {
-		for _, scope := range scopes {
-			keys = append(keys, reservationKey(l.prefix, req.Key, scope))
-		}
-		if typeLog > 0 {
-			keys = append(keys, ownersKey(l.prefix, req.Key))
-		}
+	for _, scope := range scopes { // trimmed with their logs, reservation or not
+		keys = append(keys, reservationKey(l.prefix, req.Key, scope))
+	}
+	if req.Reservation != "" && typeLog > 0 {
+		keys = append(keys, ownersKey(l.prefix, req.Key))
 	}
 	r, err := lua.SlidingWindow.Run(ctx, l.rdb, keys, args...).Int64Slice()
 	if err != nil {

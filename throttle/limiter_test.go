@@ -343,11 +343,13 @@ func TestLimiter_AllowAt_denialWritesNothing(t *testing.T) {
 }
 
 // TestLimiter_AllowAt_ttl checks contract rule 6: PEXPIRE is relative to the server's real
-// clock, so the script sets TTL = newest score + W - now, the longest window of a log.
+// clock, so the script sets TTL = newest score + W - now + grace, W the longest window of
+// a log and grace 2 x MaxSkew (2s by default), which keeps entries for callers behind.
 func TestLimiter_AllowAt_ttl(t *testing.T) {
 	t.Parallel()
 	l, rdb := newLimiterClient(t, throttle.Config{})
 	const slack = time.Second // real time that passes between the script and PTTL
+	const grace = 2 * throttle.DefaultMaxSkew
 	tenant3per10s := tenantQuota(3, 10*time.Second)
 	steps := []struct {
 		name    string
@@ -374,9 +376,9 @@ func TestLimiter_AllowAt_ttl(t *testing.T) {
 		if d.Allowed != s.allowed {
 			t.Fatalf("%s: Allowed = %v, want %v", s.name, d.Allowed, s.allowed)
 		}
-		got := pttl(t, rdb, l.RedisKey(key, s.scope))
-		if got > s.ttl || got < s.ttl-slack {
-			t.Errorf("%s: PTTL = %v, want in [%v, %v]", s.name, got, s.ttl-slack, s.ttl)
+		got, want := pttl(t, rdb, l.RedisKey(key, s.scope)), s.ttl+grace
+		if got > want || got < want-slack {
+			t.Errorf("%s: PTTL = %v, want in [%v, %v]", s.name, got, want-slack, want)
 		}
 		if !s.allowed && got > last {
 			t.Errorf("%s: PTTL went up across a denial: %v -> %v", s.name, last, got)
@@ -656,7 +658,7 @@ func TestLimiter_AllowAt_twoWindowsOneLog(t *testing.T) {
 		at     int64
 		want   outcome
 		// at At+RetryAfter-1 still denied with 1ms by wantLast; at At+RetryAfter
-		// admitted, leaving wantZCard entries after the trim by the longest window
+		// admitted, leaving wantZCard entries after the trim by the longest window + grace
 		wantLast  throttle.Quota
 		wantZCard int64
 	}{
@@ -664,23 +666,23 @@ func TestLimiter_AllowAt_twoWindowsOneLog(t *testing.T) {
 			name: "MinuteBinds", quotas: []throttle.Quota{perSec, perMin}, burst: 5000, at: 5010,
 			// 1s: 5000+1000-5010 = 990; 1m: 0+60000-5010 = 54990
 			want:     outcome{Quota: perMin, Count: 15, RetryAfter: msd(54990), ResetAfter: msd(5009 + 60000 - 5010)},
-			wantLast: perMin, wantZCard: 15, // 0 trimmed at 60000
+			wantLast: perMin, wantZCard: 16, // 0..4 kept at 60000 by the 2s grace
 		},
 		{
 			name: "MinuteBindsListedFirst", quotas: []throttle.Quota{perMin, perSec}, burst: 5000, at: 5010,
 			want:     outcome{Quota: perMin, Count: 15, RetryAfter: msd(54990), ResetAfter: msd(5009 + 60000 - 5010)},
-			wantLast: perMin, wantZCard: 15, // 0 trimmed at 60000
+			wantLast: perMin, wantZCard: 16, // 0..4 kept at 60000 by the 2s grace
 		},
 		{
 			name: "SecondBinds", quotas: []throttle.Quota{perSec, perMin}, burst: 59500, at: 59510,
 			// 1s: 59500+1000-59510 = 990; 1m: 0+60000-59510 = 490
 			want:     outcome{Quota: perSec, Count: 10, RetryAfter: msd(990), ResetAfter: msd(59509 + 60000 - 59510)},
-			wantLast: perSec, wantZCard: 11, // 0..4 trimmed at 60500
+			wantLast: perSec, wantZCard: 16, // 0..4 kept at 60500 by the 2s grace
 		},
 		{
 			name: "SecondBindsListedLast", quotas: []throttle.Quota{perMin, perSec}, burst: 59500, at: 59510,
 			want:     outcome{Quota: perSec, Count: 10, RetryAfter: msd(990), ResetAfter: msd(59509 + 60000 - 59510)},
-			wantLast: perSec, wantZCard: 11, // 0..4 trimmed at 60500
+			wantLast: perSec, wantZCard: 16, // 0..4 kept at 60500 by the 2s grace
 		},
 	}
 	for _, tc := range tests {
@@ -733,8 +735,9 @@ func TestLimiter_AllowAt_replay(t *testing.T) {
 		{"Deny", req("evt-3", 0), 1700, outcome{Quota: q, Count: 3, RetryAfter: msd(300), ResetAfter: msd(900)}, 3},
 		{"DenialReplayed", req("evt-3", 0), 1700, outcome{Quota: q, Count: 3, RetryAfter: msd(300), ResetAfter: msd(900)}, 3},
 		{"DenialReplayedLater", req("evt-3", 0), 1800, outcome{Quota: q, Count: 3, RetryAfter: msd(200), ResetAfter: msd(800)}, 3},
-		{"DeniedMemberAdmittedLater", req("evt-3", 0), 2000, outcome{Allowed: true, Quota: q, Count: 3, ResetAfter: msd(1000)}, 3},
-		{"ThenReplay", req("evt-3", 0), 2001, outcome{Allowed: true, Replay: true, Quota: q, Count: 3, ResetAfter: msd(999)}, 3},
+		// evt-1 (t=1000) left the window but stays in the log for the 2s grace: ZCARD 4.
+		{"DeniedMemberAdmittedLater", req("evt-3", 0), 2000, outcome{Allowed: true, Quota: q, Count: 3, ResetAfter: msd(1000)}, 4},
+		{"ThenReplay", req("evt-3", 0), 2001, outcome{Allowed: true, Replay: true, Quota: q, Count: 3, ResetAfter: msd(999)}, 4},
 	}
 	for _, s := range steps {
 		wantOutcome(t, l, s.req, s.at, s.want)

@@ -365,13 +365,13 @@ func TestLimiter_AllowAt_unusedReservationExpires(t *testing.T) {
 		resvWantExpires(t, rdb, fmt.Sprintf("C denied at %d", at), log, reserved)
 	}
 	resvWantAdmitted(t, l, c, 2000)
-	// The admission trimmed A and B's reservation from the log.
-	resvWantSet(t, rdb, log, map[string]int64{"1:C": 2000})
+	// A and B's lapsed reservation no longer count, but stay for the 2s trim grace.
+	resvWantSet(t, rdb, log, map[string]int64{"1:A": 0, "1@B": 1000, "1:C": 2000})
 	resvWantExpires(t, rdb, "C admitted", log, reserved)
 
 	// B, back after its reservation lapsed, is a new waiting event: it reserves again.
 	resvWantReserved(t, l, b, 2000, 3000)
-	resvWantSet(t, rdb, log, map[string]int64{"1:C": 2000, "1@B": 3000})
+	resvWantSet(t, rdb, log, map[string]int64{"1:A": 0, "1:C": 2000, "1@B": 3000})
 	resvWantSet(t, rdb, reserved, map[string]int64{"1@B": 3000})
 	resvWantExpires(t, rdb, "B reserved again", log, reserved)
 	resvWantAdmitted(t, l, b, 3000)
@@ -507,12 +507,12 @@ func TestLimiter_AllowAt_reservationMultiQuota(t *testing.T) {
 		}
 		return s
 	}
-	// The admissions trimmed what left the window: the logs hold the admissions since 1200.
-	if got := scores(tenantA); !slices.Equal(got, []int64{2000, 2200}) {
-		t.Errorf("tenant a's log: %v, want admissions at 2000 2200", got)
+	// The logs hold every admission: nothing is older than window + 2s grace yet.
+	if got := scores(tenantA); !slices.Equal(got, []int64{1000, 1050, 2000, 2200}) {
+		t.Errorf("tenant a's log: %v, want admissions at 1000 1050 2000 2200", got)
 	}
-	if got := scores(typ); !slices.Equal(got, []int64{2000, 2050, 2200}) {
-		t.Errorf("type log: %v, want admissions at 2000 2050 2200", got)
+	if got := scores(typ); !slices.Equal(got, []int64{1000, 1050, 1200, 2000, 2050, 2200}) {
+		t.Errorf("type log: %v, want admissions at 1000 1050 1200 2000 2050 2200", got)
 	}
 	if got := resvMostIn([]int64{1000, 1050, 2000, 2200}, 1000); got != 2 {
 		t.Errorf("tenant a: %d admissions in a 1s window, want 2", got)
