@@ -25,11 +25,12 @@ import (
 // header of lua/sliding_window.lua), not from the script: every window log, reservation
 // set and owners hash is a plain Go value, and each rule of the contract is a few lines of
 // Go next to the sentence it implements. Where the header leaves a detail open (which
-// quota binds on a tie, what a replay that fits writes, where the fair share's displaced
-// reservation goes), the model does what the script's comments say it does, and says so.
-// TestLimiter_AllowAt_matchesModel drives the model and a real redis-server with the same
-// random requests and requires the same decisions, the same sets and the same TTLs after
-// every call; the TestLimiter_AllowAt_* tests below it replay short fixed sequences.
+// quota binds on a tie, where the fair share's displaced reservation goes, how far a due
+// reservation looks for admissions after now), the model does what the script's comments
+// say it does, and says so. TestLimiter_AllowAt_matchesModel drives the model and a real
+// redis-server with the same random requests and requires the same decisions, the same
+// sets and the same TTLs after every call; the TestLimiter_AllowAt_* tests below it replay
+// short fixed sequences.
 
 var (
 	modelSeed  = flag.Uint64("model.seed", 0, "TestLimiter_AllowAt_matchesModel: run only this seed (0: the fixed seeds)")
@@ -104,11 +105,13 @@ func (s modelSet) find(name string) (modelEntry, bool) {
 	return s[i], true
 }
 
-// modelTrimFloor is the highest score an admission at now trims from a log whose longest
-// window (among the request's quotas) is w: rule 1, ZREMRANGEBYSCORE key -inf (now - W).
-// TestLimiter_AllowAt_callerBehindAfterTrim shows why that is not enough; a fix that keeps
-// entries longer changes this one function.
-func modelTrimFloor(now, w int64) int64 { return now - w }
+// trimFloor is the highest score a write at now trims from a log whose longest window
+// (among the request's quotas on it) is w, and from the reservation set beside it: the
+// header's "a write removes the entries scored at or before now_ms - longest window -
+// grace_ms". Rule 1 alone would trim at now - w; TestLimiter_AllowAt_callerBehindAfterTrim
+// shows why the entries must outlive their window by how far a caller's clock may be
+// behind.
+func (m *model) trimFloor(now, w int64) int64 { return now - w - m.grace }
 
 // trim drops the entries scored at or before floor, as ZREMRANGEBYSCORE -inf floor does.
 func (s modelSet) trim(floor int64) modelSet {
@@ -117,15 +120,28 @@ func (s modelSet) trim(floor int64) modelSet {
 
 func (s modelSet) newest() int64 { return s[len(s)-1].score }
 
-// model is every window log and reservation set, in memory.
+// model is every window log, reservation set and owners hash, in memory, and the grace
+// (ms) the limiter passes as ARGV[8].
 type model struct {
+	grace    int64
 	logs     map[modelLog]modelSet
 	reserved map[modelLog]modelSet        // the reservation set beside each log
 	owners   map[string]map[string]string // per task type: reservation token -> "<tenant tag>/<cost>"
 }
 
-func newModel() *model {
-	return &model{logs: map[modelLog]modelSet{}, reserved: map[modelLog]modelSet{}, owners: map[string]map[string]string{}}
+func newModel(grace int64) *model {
+	return &model{grace: grace, logs: map[modelLog]modelSet{}, reserved: map[modelLog]modelSet{}, owners: map[string]map[string]string{}}
+}
+
+// modelGrace is the grace (ms) a Limiter made with cfg passes to the script: 2 x MaxSkew,
+// and 2 x DefaultMaxSkew when MaxSkew is zero (the default) or negative (the check off),
+// as Config.MaxSkew documents.
+func modelGrace(cfg throttle.Config) int64 {
+	skew := cfg.MaxSkew
+	if skew <= 0 {
+		skew = throttle.DefaultMaxSkew
+	}
+	return 2 * skew.Milliseconds()
 }
 
 // modelTag is the tenant's tag in the owners hash: FNV-1a (64 bits) of the tenant, in hex.
@@ -172,8 +188,9 @@ type modelTTL struct {
 }
 
 // decide decides req at now (ms) and applies it. It returns the TTL (ms) the call must
-// set on each set it writes: a log and its reservation set must outlive the log's newest
-// entry by the longest window of the request's quotas on that log.
+// set on each set it writes that exists after it: a log, its reservation set and, beside
+// the type-wide log, the owners hash must outlive the log's newest entry (or now) by the
+// longest window of the request's quotas on that log plus the grace.
 func (m *model) decide(req throttle.Request, now int64) (d modelDecision, ttls map[modelTTL]int64, note modelNote) {
 	cost := req.Cost
 	if cost == 0 {
@@ -192,132 +209,197 @@ func (m *model) decide(req throttle.Request, now int64) (d modelDecision, ttls m
 		}
 		longest[logs[i]] = max(longest[logs[i]], windows[i])
 	}
-	own := modelNames("@", token, cost) // the entries of this event's reservation, if any
+	typeLog := modelLogOf(req.Key, throttle.ScopeType)
+	_, hasType := longest[typeLog]
+	// The owners hash is the call's only with a token and a type-wide quota (KEYS[2m+1]):
+	// no other call reads it, writes it or forgets an owner in it.
+	withOwners := token != "" && hasType
 
-	// A reservation counts until one window after its instant: the event holds the
-	// latest of its live reservations; it is due from its instant on.
+	// Rule 7 (header, ARGV[2]): a call that finds its member's admission "1:<member>" in
+	// one of its logs is a replay, whatever the entry's score: it is there until a write
+	// trims it, the grace after its longest window. A replay is allowed, takes no slot,
+	// writes nothing at all (no trim, no TTL) and does not look up its reservation.
+	replay := false
+	found := 0
+	for _, id := range order {
+		if _, ok := m.logs[id].find("1:" + req.Member); ok {
+			replay = true
+			found++
+		}
+	}
+	if replay {
+		note.replayPartial = found < len(order)
+		note.replayOutside = true
+		for i := range req.Quotas {
+			if e, ok := m.logs[logs[i]].find("1:" + req.Member); ok && e.score > now-windows[i] {
+				note.replayOutside = false
+			}
+		}
+	}
+
+	// The event's reservation, with a token and unless a replay: its entries "<c>@<token>"
+	// in the reservation set beside each log, at one instant per log (they differ after a
+	// fairness swap). In a log it holds while its instant is after now - the log's longest
+	// window; older, it has lapsed (the grace keeps it only for late callers to count) and
+	// is ignored there. The event holds a reservation if one log has it; it is due at the
+	// latest of its instants.
+	own := modelNames("@", token, cost) // the entries of this event's reservation, if any
+	ownAt := map[modelLog]int64{}       // per log, the instant of its reservation there, if it holds there
 	var reservedAt int64
 	holds := false
-	if token != "" {
+	if token != "" && !replay {
 		for _, id := range order {
-			if e, ok := m.reserved[id].find(own[0]); ok && e.score > now-longest[id] && (!holds || e.score > reservedAt) {
-				reservedAt, holds = e.score, true
+			e, ok := m.reserved[id].find(own[0])
+			switch {
+			case ok && e.score > now-longest[id]:
+				ownAt[id] = e.score
+				if !holds || e.score > reservedAt {
+					reservedAt, holds = e.score, true
+				}
+			case ok:
+				note.lapsed = true
 			}
 		}
 	}
 	due := holds && reservedAt <= now
-
-	// Rule 1: an entry counts iff its score is above now - W, entries in the future too:
-	// reservations and admissions from a caller ahead. A due reservation counts the
-	// entries in (now - W, now] other than its own, and the admissions after now only:
-	// reservations behind it do not block it.
-	counted := make([][]int64, len(req.Quotas)) // scores that count, ascending
-	for i := range req.Quotas {
-		for _, e := range m.logs[logs[i]] {
-			var counts bool
-			switch {
-			case !due:
-				counts = e.score > now-windows[i]
-			case e.score <= now:
-				counts = e.score > now-windows[i] && !(e.reserved && slices.Contains(own, e.name))
-			default:
-				counts = !e.reserved
-			}
-			if counts {
-				counted[i] = append(counted[i], e.score)
-			}
+	for _, id := range order {
+		if at, ok := ownAt[id]; holds && (!ok || at != reservedAt) {
+			note.split = true // its instants differ between its logs, or a log lacks it
 		}
 	}
+
+	// Rule 1: an entry counts iff its score is above now - W, entries in the future too:
+	// reservations and admissions from a caller ahead. A due reservation counts the entries
+	// in (now - W, now] other than its own (in a log where its own instant has left W, or
+	// lapsed, or where the swap moved it, there is none of them in that window), and the
+	// admissions after now only: reservations behind it do not block it.
+	// blocking[i] lists, ascending, the counted entries rule 4 takes the k-th oldest of:
+	// for a due reservation, the admissions after now among the first 1000 entries after
+	// now only (the script's bounded page: "past it, wait a whole window").
 	counts := make([]int, len(req.Quotas))
-	for i := range counted {
-		counts[i] = len(counted[i])
+	blocking := make([][]int64, len(req.Quotas))
+	for i := range req.Quotas {
+		after := 0 // entries after now so far
+		for _, e := range m.logs[logs[i]] {
+			counted, listed := false, false
+			switch {
+			case !due:
+				counted = e.score > now-windows[i]
+				listed = counted
+			case e.score <= now:
+				counted = e.score > now-windows[i] && !slices.Contains(own, e.name)
+				listed = counted
+			default:
+				after++
+				counted = !e.reserved
+				listed = counted && after <= 1000
+			}
+			if counted {
+				counts[i]++
+			}
+			if listed {
+				blocking[i] = append(blocking[i], e.score)
+			}
+		}
 	}
 
 	note.holds, note.due = holds, due
 	note.waits = make([]int64, len(req.Quotas))
 
 	// Rules 3 and 4: admit iff count + cost <= limit for every quota; otherwise wait until
-	// the k-th oldest counted entry (k = count + cost - limit) leaves the window. A
-	// reservation not yet due waits for its instant.
+	// the k-th oldest counted entry (k = count + cost - limit) leaves the window (if a due
+	// reservation finds fewer than k, a whole window). A reservation not yet due waits for
+	// its instant. A replay has nothing to decide.
 	var retry int64
-	binding := -1
+	binding := 0
 	switch {
+	case replay:
 	case holds && !due:
-		retry, binding = reservedAt-now, 0 // the same wait for every quota: the first binds
+		retry = reservedAt - now // the same wait for every quota: the first binds
 	default:
 		for i, q := range req.Quotas {
 			k := counts[i] + cost - q.Limit.Events
 			if k <= 0 {
 				continue
 			}
-			wait := max(counted[i][k-1]+windows[i]-now, 1)
+			kth := now
+			if k <= len(blocking[i]) {
+				kth = blocking[i][k-1]
+			}
+			wait := max(kth+windows[i]-now, 1)
 			note.waits[i] = wait
 			if wait > retry { // the longest wait binds; the first quota on a tie
 				retry, binding = wait, i
 			}
 		}
 	}
-
-	// Rule 7: a member already admitted is a replay: it takes no slot, and is allowed. It
-	// is found in one of the request's logs among the entries an admission now would keep
-	// (scored after now - the log's longest window): an admission older than that counts
-	// in no window of the request, is trimmed by the next admission whatever it is, and a
-	// call that repeats it is decided afresh.
-	replay := m.admitted(req, now, longest)
-	fits := retry == 0
-	allowed := fits || (replay && !holds)
-	replay = replay && allowed
+	allowed := replay || retry == 0
 	reserved := !allowed && token != ""
 
 	ttls = map[modelTTL]int64{}
-	switch {
-	case fits:
-		// An admission trims each log (and reservation set) by its longest window,
-		// turns a reservation it holds into the admission, adds cost entries at now
-		// unless it is a replay, and sets the TTLs. (A replay that fits is processed
-		// as an admission that adds nothing: the script does so.)
-		for _, id := range order {
-			w := longest[id]
-			m.logs[id] = m.logs[id].trim(modelTrimFloor(now, w))
-			if token != "" {
-				m.reserved[id] = m.reserved[id].trim(modelTrimFloor(now, w))
-				if holds {
-					drop := func(e modelEntry) bool { return slices.Contains(own, e.name) }
-					m.logs[id] = slices.DeleteFunc(m.logs[id], drop)
-					m.reserved[id] = slices.DeleteFunc(m.reserved[id], drop)
-					if id.scope == throttle.ScopeType {
-						delete(m.owners[id.taskType], token)
-					}
+	// trim: a write trims each of its logs and the reservation set beside it at the same
+	// floor, and with the owners hash forgets the owners of the reservations it trims from
+	// the type-wide log's set.
+	trim := func(id modelLog) {
+		floor := m.trimFloor(now, longest[id])
+		if withOwners && id == typeLog {
+			for _, e := range m.reserved[id] {
+				if e.score <= floor {
+					_, t, _ := strings.Cut(e.name, "@")
+					delete(m.owners[id.taskType], t)
 				}
-			}
-			if !replay {
-				for _, name := range modelNames(":", req.Member, cost) {
-					m.logs[id] = m.logs[id].put(modelEntry{score: now, name: name})
-				}
-			}
-			if len(m.logs[id]) == 0 {
-				continue // a replay whose entries this trim removed: no key left
-			}
-			ttl := max(m.logs[id].newest(), now) - now + w // rule 6
-			ttls[modelTTL{log: id}] = ttl
-			if token != "" && len(m.reserved[id]) > 0 {
-				ttls[modelTTL{log: id, res: true}] = ttl
 			}
 		}
-		if !replay {
-			for i := range counts {
-				counts[i] += cost
+		m.logs[id] = m.logs[id].trim(floor)
+		m.reserved[id] = m.reserved[id].trim(floor)
+	}
+	// expire: rule 6 and the header's "PEXPIRE keeps each set until its newest entry is
+	// that old": the log, its reservation set and, beside the type-wide log, the owners
+	// hash (when the call has it) all get max(newest, now) - now + longest + grace. An
+	// empty set is no key: PEXPIRE sets nothing.
+	expire := func(id modelLog) {
+		ttl := max(m.logs[id].newest(), now) - now + longest[id] + m.grace
+		ttls[modelTTL{log: id}] = ttl // never empty: the write just added to it
+		if len(m.reserved[id]) > 0 {
+			ttls[modelTTL{log: id, res: true}] = ttl
+		}
+		if withOwners && id == typeLog && len(m.owners[id.taskType]) > 0 {
+			ttls[modelTTL{log: id, owners: true}] = ttl
+		}
+	}
+	switch {
+	case replay:
+		// Nothing written.
+	case allowed:
+		// An admission trims each log, turns a reservation it holds into the admission
+		// (its entries leave every log and set, its owner the owners hash), adds cost
+		// entries at now and sets the TTLs.
+		for _, id := range order {
+			trim(id)
+			if holds {
+				drop := func(e modelEntry) bool { return slices.Contains(own, e.name) }
+				m.logs[id] = slices.DeleteFunc(m.logs[id], drop)
+				m.reserved[id] = slices.DeleteFunc(m.reserved[id], drop)
+				if withOwners && id == typeLog {
+					delete(m.owners[id.taskType], token)
+				}
 			}
+			for _, name := range modelNames(":", req.Member, cost) {
+				m.logs[id] = m.logs[id].put(modelEntry{score: now, name: name})
+			}
+			expire(id)
+		}
+		for i := range counts {
+			counts[i] += cost
 		}
 	case reserved && !holds:
-		// A denied event with a token and no reservation reserves now + retry: the
-		// first instant at which every quota has room, counting every entry. Unless,
-		// on a type-wide quota, a fairer slot is ahead: see fairSlot.
+		// A denied event with a token and no reservation (or only a lapsed one: its
+		// entries move, as ZADD moves a member) reserves now + retry: the first instant
+		// at which every quota has room, counting every entry. Unless, on a type-wide
+		// quota, a fairer slot is ahead: see fairSlot.
 		at := now + retry
-		typeLog := modelLogOf(req.Key, throttle.ScopeType)
-		_, hasType := longest[typeLog]
 		var victim string
-		if logs[binding] == typeLog && cost == 1 {
+		if withOwners && logs[binding] == typeLog && cost == 1 {
 			at, victim = m.fairSlot(req, now, at, binding)
 			note.fair = victim != ""
 		}
@@ -327,9 +409,7 @@ func (m *model) decide(req throttle.Request, now int64) (d modelDecision, ttls m
 			m.reserved[typeLog] = slices.DeleteFunc(m.reserved[typeLog], drop)
 		}
 		for _, id := range order {
-			w := longest[id]
-			m.logs[id] = m.logs[id].trim(modelTrimFloor(now, w))
-			m.reserved[id] = m.reserved[id].trim(modelTrimFloor(now, w))
+			trim(id)
 			for _, name := range own {
 				m.logs[id] = m.logs[id].put(modelEntry{score: at, name: name, reserved: true})
 				m.reserved[id] = m.reserved[id].put(modelEntry{score: at, name: name, reserved: true})
@@ -337,7 +417,8 @@ func (m *model) decide(req throttle.Request, now int64) (d modelDecision, ttls m
 		}
 		if victim != "" {
 			// Behind everything: where a new reservation would go on the binding
-			// type-wide quota, counting every entry, and not before at.
+			// type-wide quota, counting every entry, and not before at. Only on the
+			// type-wide log: its entry in its tenant's log stays where it was.
 			w, limit := windows[binding], req.Quotas[binding].Limit.Events
 			var counted []int64
 			for _, e := range m.logs[typeLog] {
@@ -350,29 +431,25 @@ func (m *model) decide(req throttle.Request, now int64) (d modelDecision, ttls m
 			m.logs[typeLog] = m.logs[typeLog].put(e)
 			m.reserved[typeLog] = m.reserved[typeLog].put(e)
 		}
-		if hasType {
+		if withOwners {
 			if m.owners[req.Key.TaskType] == nil {
 				m.owners[req.Key.TaskType] = map[string]string{}
 			}
 			m.owners[req.Key.TaskType][token] = modelTag(req.Key.Tenant) + "/" + strconv.Itoa(cost)
 		}
 		for _, id := range order {
-			ttl := m.logs[id].newest() - now + longest[id]
-			ttls[modelTTL{log: id}] = ttl
-			ttls[modelTTL{log: id, res: true}] = ttl
-			if id == typeLog {
-				ttls[modelTTL{log: id, owners: true}] = ttl
-			}
+			expire(id)
 		}
 		retry = at - now
 	}
+	// Otherwise (denied without a token, or holding a reservation) nothing is written.
 	for i, q := range req.Quotas {
 		note.left = append(note.left, q.Limit.Events-counts[i])
 	}
 	if allowed { // the quota with the fewest slots left binds; the first on a tie
-		binding = -1
+		binding = 0
 		for i, q := range req.Quotas {
-			if binding < 0 || q.Limit.Events-counts[i] < req.Quotas[binding].Limit.Events-counts[binding] {
+			if q.Limit.Events-counts[i] < req.Quotas[binding].Limit.Events-counts[binding] {
 				binding = i
 			}
 		}
@@ -452,39 +529,16 @@ func (m *model) fairSlot(req throttle.Request, now, at int64, q int) (int64, str
 	return at, ""
 }
 
-// admitted reports whether req.Member's admission is in one of the request's logs and would
-// survive the trim of an admission now (by longest[log]).
-func (m *model) admitted(req throttle.Request, now int64, longest map[modelLog]int64) bool {
-	for id, w := range longest {
-		if e, ok := m.logs[id].find("1:" + req.Member); ok && !e.reserved && e.score > modelTrimFloor(now, w) {
-			return true
-		}
-	}
-	return false
-}
-
-// clearReplay reports whether a call of req at now is a replay, or not, beyond doubt:
-// req.Member's admission is in every log of the request and counts there for one of the
-// request's windows, or is in none of them at all. Otherwise (it is in some log but has
-// left the longest window there, or is in one log and not in another) the script decides
-// by whether the event fits; see TestLimiter_AllowAt_replayContract.
-func (m *model) clearReplay(req throttle.Request, now int64) bool {
-	live, absent := true, true
-	for _, q := range req.Quotas {
-		id := modelLogOf(req.Key, q.Scope)
-		e, ok := m.logs[id].find("1:" + req.Member)
-		live = live && ok && !e.reserved && e.score > now-q.Limit.Window.Milliseconds()
-		absent = absent && !ok
-	}
-	return live || absent
-}
-
 // modelNote is how the model came to a decision, for the test's statistics.
 type modelNote struct {
-	holds, due bool    // the event held a live reservation; it was due
-	fair       bool    // it took a fairer slot from another tenant's reservation
-	waits      []int64 // per quota, the wait it asked for (0: room)
-	left       []int   // per quota, limit - count after the call
+	holds, due    bool    // the event held a live reservation; it was due
+	split         bool    // it held one at different instants in its logs, or not in every log
+	lapsed        bool    // one of its logs had its reservation, lapsed (kept by the grace)
+	fair          bool    // it took a fairer slot from another tenant's reservation
+	replayPartial bool    // a replay found in some of its logs, not all
+	replayOutside bool    // a replay whose admission counts in none of its windows
+	waits         []int64 // per quota, the wait it asked for (0: room)
+	left          []int   // per quota, limit - count after the call
 }
 
 func msDuration(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
@@ -569,6 +623,7 @@ type modelOp struct {
 	req      throttle.Request
 	at       int64
 	why      string // how the generator came to it
+	admitted bool   // a call made again: the call it repeats was admitted
 	decision modelDecision
 	note     modelNote
 }
@@ -602,7 +657,6 @@ type modelGen struct {
 	past    []modelOp // recent requests, to retry with the same member
 	waiting []modelOp // denied requests that hold a reservation, to come back
 	plan    []modelOp // requests to make next, before any other
-	unclear int       // retries not made because the member was neither clearly in nor out
 }
 
 func newModelGen(seed uint64) *modelGen {
@@ -669,11 +723,10 @@ func (g *modelGen) next(m *model) modelOp {
 	}
 	switch r := g.rng.IntN(100); {
 	case r < 8 && len(g.past) > 0: // a call retried with the same member (its reply was lost)
+		// Whether its admission is still in one of its logs (a replay) or trimmed from all
+		// of them (decided afresh), the contract says what happens.
 		op := g.past[g.rng.IntN(len(g.past))]
-		if m.clearReplay(op.req, g.now) {
-			return modelOp{req: op.req, at: g.now, why: "again(" + op.why + ")"}
-		}
-		g.unclear++
+		return modelOp{req: op.req, at: g.now, why: "again(" + op.why + ")", admitted: op.decision.Allowed}
 	case r < 18 && len(g.waiting) > 0: // a task with a reservation comes back, on time or not
 		i := g.rng.IntN(len(g.waiting))
 		req := g.waiting[i].req
@@ -783,13 +836,15 @@ func TestLimiter_AllowAt_matchesModel(t *testing.T) {
 			t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 				t.Parallel()
 				rdb := &observingClient{Client: srv.Client()}
-				// Each seed its own prefix: the seeds share the server, never a key.
-				l, err := throttle.New(rdb, throttle.Config{Prefix: "seed" + strconv.FormatUint(seed, 10)})
+				// Each seed its own prefix: the seeds share the server, never a key. And
+				// its MaxSkew, so that the grace (ARGV[8]) is not always the default.
+				cfg := throttle.Config{Prefix: "seed" + strconv.FormatUint(seed, 10), MaxSkew: modelSkew(seed)}
+				l, err := throttle.New(rdb, cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
-				stats := runModel(t, l, rdb, seed, *modelSteps)
-				t.Logf("seed %d, %d steps: %v", seed, *modelSteps, stats)
+				stats := runModel(t, l, rdb, modelGrace(cfg), seed, *modelSteps)
+				t.Logf("seed %d, %d steps, grace %dms: %v", seed, *modelSteps, modelGrace(cfg), stats)
 				mu.Lock()
 				defer mu.Unlock()
 				for c, n := range stats {
@@ -809,18 +864,26 @@ func TestLimiter_AllowAt_matchesModel(t *testing.T) {
 	}
 }
 
-// modelCases are the cases every seed must reach.
+// modelSkew is the Config.MaxSkew of seed's limiter: the default (grace 2s), a shorter one
+// (grace 500ms, under the longest windows) or none (the check off: grace 2s still). AllowAt
+// never checks the skew: MaxSkew only sets the grace.
+func modelSkew(seed uint64) time.Duration {
+	return []time.Duration{0, 250 * time.Millisecond, -1}[seed%3]
+}
+
+// modelCases are the cases the seeds must reach together.
 var modelCases = []string{"admitted", "denied", "replay", "replayWhenFull", "deniedAgain", "probeDenied", "retryAdmitted",
 	"cost>1", "multiQuota", "deniedBy2nd+", "fewestLeftTie", "retryTie", "callerBehind", "futureEntryCounted", "trimmed",
-	"reserved", "reservationNotDue", "reservationDueAdmitted", "reservationDueDenied", "reservationLapsed", "fairSlot"}
+	"reserved", "reservationNotDue", "reservationDueAdmitted", "reservationDueDenied", "reservationLapsed", "fairSlot",
+	"replayPartial", "replayOutsideWindows", "againAfresh", "reservationLapsedInGrace", "reservationSplit"}
 
 // runModel runs steps requests of seed against l and the model and returns how often each
 // case came up.
-func runModel(t *testing.T, l *throttle.Limiter, rdb *observingClient, seed uint64, steps int) map[string]int {
+func runModel(t *testing.T, l *throttle.Limiter, rdb *observingClient, grace int64, seed uint64, steps int) map[string]int {
 	t.Helper()
 	ctx := context.Background()
 	g := newModelGen(seed)
-	m := newModel()
+	m := newModel(grace)
 	var trace []modelOp
 	fail := func(format string, a ...any) {
 		t.Helper()
@@ -875,7 +938,6 @@ func runModel(t *testing.T, l *throttle.Limiter, rdb *observingClient, seed uint
 		countModelCase(stats, op, before[modelLogOf(op.req.Key, op.req.Quotas[0].Scope)], m)
 		g.done(op)
 	}
-	stats["(retries not made: unclear replay)"] = g.unclear
 	return stats
 }
 
@@ -897,11 +959,11 @@ func checkSets(fail func(string, ...any), l *throttle.Limiter, m *model, op mode
 		id := modelLogOf(op.req.Key, q.Scope)
 		key := l.RedisKey(op.req.Key, q.Scope)
 		want[key] = modelTTL{log: id}
-		if op.req.Reservation != "" {
-			want[modelResKey(key)] = modelTTL{log: id, res: true}
-			if q.Scope == throttle.ScopeType {
-				want[strings.TrimSuffix(key, "type")+"owners"] = modelTTL{log: id, owners: true}
-			}
+		// The reservation set beside each log, token or not (trimmed with the log); the
+		// owners hash only with a token and a type-wide quota.
+		want[modelResKey(key)] = modelTTL{log: id, res: true}
+		if op.req.Reservation != "" && q.Scope == throttle.ScopeType {
+			want[strings.TrimSuffix(key, "type")+"owners"] = modelTTL{log: id, owners: true}
 		}
 	}
 	if len(call.keys) != len(want) {
@@ -966,7 +1028,10 @@ func countModelCase(stats map[string]int, op modelOp, before modelSet, m *model)
 	}
 	inc("admitted", d.Allowed && !d.Replay)
 	inc("replay", d.Replay)
-	inc("replayWhenFull", d.Replay && slices.ContainsFunc(n.waits, func(w int64) bool { return w > 0 }))
+	inc("replayWhenFull", d.Replay && slices.ContainsFunc(n.left, func(l int) bool { return l < max(op.req.Cost, 1) }))
+	inc("replayPartial", n.replayPartial)
+	inc("replayOutsideWindows", n.replayOutside)
+	inc("againAfresh", strings.HasPrefix(op.why, "again") && op.admitted && !d.Replay)
 	inc("denied", !d.Allowed)
 	inc("deniedAgain", !d.Allowed && strings.HasPrefix(op.why, "again"))
 	inc("probeDenied", op.why == "probe")
@@ -982,6 +1047,8 @@ func countModelCase(stats map[string]int, op modelOp, before modelSet, m *model)
 	inc("reservationDueAdmitted", n.due && d.Allowed)
 	inc("reservationDueDenied", n.due && !d.Allowed)
 	inc("reservationLapsed", op.why == "back" && !n.holds)
+	inc("reservationLapsedInGrace", n.lapsed && !n.holds)
+	inc("reservationSplit", n.split)
 	inc("fairSlot", n.fair)
 	if len(n.left) > 1 && d.Allowed {
 		least := slices.Min(n.left)
@@ -1015,7 +1082,7 @@ func checkSequence(t *testing.T, steps []modelStep) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := newModel()
+	m := newModel(modelGrace(throttle.Config{}))
 	var trace []string
 	for i, s := range steps {
 		op := modelOp{req: throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: s.tenant}, Quotas: s.quotas,
@@ -1054,31 +1121,54 @@ func msQuota(scope throttle.Scope, events int, windowMS int64) throttle.Quota {
 
 // TestLimiter_AllowAt_replayTakesNoSlot: a call retried with the same member after its
 // entries left one of its logs (trimmed there) but not another is a replay, and must take
-// no slot in either (header: "a replay ... reports the admission again, taking no slot").
-// The tenant quota is 1 per 1s, the type quota 5 per 10s.
+// no slot in either (header: "a call that finds it in a log reports the admission again
+// and writes nothing"). The tenant quota is 1 per 1s, the type quota 5 per 10s; the grace
+// is 2s.
 func TestLimiter_AllowAt_replayTakesNoSlot(t *testing.T) {
 	t.Parallel()
 	tenant, typ := msQuota(throttle.ScopeTenant, 1, 1000), msQuota(throttle.ScopeType, 5, 10000)
 	q := []throttle.Quota{tenant, typ}
 	checkSequence(t, []modelStep{
 		{at: 0, tenant: "acme", quotas: q, member: "a"},
-		{at: 2000, tenant: "acme", quotas: q, member: "b"}, // trims a from the tenant log only
+		{at: 3000, tenant: "acme", quotas: q, member: "b"}, // trims <= 0 from the tenant log: a, there only
 		// a again: still in the type log, so a replay; it must not write a into the
 		// tenant log.
-		{at: 3000, tenant: "acme", quotas: q, member: "a", want: &modelDecision{Allowed: true, Replay: true,
-			Quota: tenant, Count: 0, Remaining: 1, ResetAfter: msDuration(9000), At: 3000}},
-		// The tenant's window (2100, 3100] holds no admission: c fits.
-		{at: 3100, tenant: "acme", quotas: q, member: "c", want: &modelDecision{Allowed: true,
-			Quota: tenant, Count: 1, Remaining: 0, ResetAfter: msDuration(10000), At: 3100}},
+		{at: 4000, tenant: "acme", quotas: q, member: "a", want: &modelDecision{Allowed: true, Replay: true,
+			Quota: tenant, Count: 0, Remaining: 1, ResetAfter: msDuration(9000), At: 4000}},
+		// The tenant's window (3100, 4100] holds no admission: c fits.
+		{at: 4100, tenant: "acme", quotas: q, member: "c", want: &modelDecision{Allowed: true,
+			Quota: tenant, Count: 1, Remaining: 0, ResetAfter: msDuration(10000), At: 4100}},
+	})
+}
+
+// TestLimiter_AllowAt_replayTakesNoSlotAfterItsWindow: an admission outlives its window by
+// the grace (2s), and a call repeating it finds it there: a replay, though it counts in no
+// window, and though the quota (1 per 1s) is full; it writes nothing. Once a write has
+// trimmed it, the same member is decided afresh.
+func TestLimiter_AllowAt_replayTakesNoSlotAfterItsWindow(t *testing.T) {
+	t.Parallel()
+	tenant := msQuota(throttle.ScopeTenant, 1, 1000)
+	q := []throttle.Quota{tenant}
+	checkSequence(t, []modelStep{
+		{at: 0, tenant: "acme", quotas: q, member: "a"},
+		{at: 2500, tenant: "acme", quotas: q, member: "b"}, // trims <= -500: a stays
+		{at: 2600, tenant: "acme", quotas: q, member: "a", want: &modelDecision{Allowed: true, Replay: true,
+			Quota: tenant, Count: 1, Remaining: 0, ResetAfter: msDuration(900), At: 2600}},
+		{at: 5000, tenant: "acme", quotas: q, member: "c"}, // trims <= 2000: a goes
+		{at: 5100, tenant: "acme", quotas: q, member: "a", want: &modelDecision{
+			Quota: tenant, Count: 1, Remaining: 0, RetryAfter: msDuration(900), ResetAfter: msDuration(900), At: 5100}},
 	})
 }
 
 // TestLimiter_AllowAt_dueReservationCountsOnlyItsOwnEntries: a due reservation does not
-// count its own entries, but only those still in the window: here a caller 500ms ahead
-// trimmed them from the log, while its reservation set (which calls without a token do
-// not trim) still holds them. The window (500, 1500] then holds nothing of TB, and the
-// admission at 2000 counts: the type quota (1 per 1s) is full, and TB must wait until
-// 3000. Admitting TB at 1500 puts two admissions in (1000, 2000].
+// count its own entries, and only those in the window. First: a caller 500ms ahead admits
+// c at 2000 (before the grace, that call trimmed TB's entry from the log and not from its
+// reservation set; now both keep it, and checkSequence compares both). The window
+// (500, 1500] holds only TB's own entry, and the admission at 2000 counts: the type quota
+// (1 per 1s) is full, and TB must wait until 3000. Admitting TB at 1500 puts two
+// admissions in (1000, 2000]. Second: one log, two quotas (1 per 1s, 10 per 10s); TB's
+// own entry at 1000 has left the 1s window at 2100, so there it takes nothing off the
+// count: TB is admitted with 1 counted, 0 remaining (not 0 and 1).
 func TestLimiter_AllowAt_dueReservationCountsOnlyItsOwnEntries(t *testing.T) {
 	t.Parallel()
 	typ := msQuota(throttle.ScopeType, 1, 1000)
@@ -1087,9 +1177,40 @@ func TestLimiter_AllowAt_dueReservationCountsOnlyItsOwnEntries(t *testing.T) {
 		{at: 0, tenant: "A", quotas: q, member: "a"},
 		{at: 500, tenant: "B", quotas: q, member: "b1", token: "TB", want: &modelDecision{Reserved: true,
 			Quota: typ, Count: 1, RetryAfter: msDuration(500), ResetAfter: msDuration(1500), At: 500}}, // holds 1000
-		{at: 2000, tenant: "C", quotas: q, member: "c"}, // ahead: admitted, trims <= 1000
+		{at: 2000, tenant: "C", quotas: q, member: "c"}, // ahead: admitted, trims <= -1000
 		{at: 1500, tenant: "B", quotas: q, member: "b2", token: "TB", want: &modelDecision{Reserved: true,
 			Quota: typ, Count: 1, RetryAfter: msDuration(1500), ResetAfter: msDuration(1500), At: 1500}},
+	})
+
+	second, ten := msQuota(throttle.ScopeType, 1, 1000), msQuota(throttle.ScopeType, 10, 10000)
+	q = []throttle.Quota{second, ten}
+	checkSequence(t, []modelStep{
+		{at: 0, tenant: "A", quotas: q, member: "a"},
+		{at: 500, tenant: "B", quotas: q, member: "b1", token: "TB", want: &modelDecision{Reserved: true,
+			Quota: second, Count: 1, RetryAfter: msDuration(500), ResetAfter: msDuration(10500), At: 500}}, // holds 1000
+		{at: 2100, tenant: "B", quotas: q, member: "b2", token: "TB", want: &modelDecision{Allowed: true,
+			Quota: second, Count: 1, Remaining: 0, ResetAfter: msDuration(10000), At: 2100}},
+	})
+}
+
+// TestLimiter_AllowAt_dueReservationLapsedReservesAgain: a reservation lapses one window
+// after its instant, though the grace keeps its entry: TB's at 1000 (1 per 1s) has lapsed
+// at 2500, so TB is denied like a new event behind c's admission at 2400, and reserves
+// again at 3400: its entry moves there (in the log and in the reservation set). It counts
+// for no one in between, and at 3400 TB is admitted.
+func TestLimiter_AllowAt_dueReservationLapsedReservesAgain(t *testing.T) {
+	t.Parallel()
+	typ := msQuota(throttle.ScopeType, 1, 1000)
+	q := []throttle.Quota{typ}
+	checkSequence(t, []modelStep{
+		{at: 0, tenant: "A", quotas: q, member: "a"},
+		{at: 100, tenant: "B", quotas: q, member: "b1", token: "TB", want: &modelDecision{Reserved: true,
+			Quota: typ, Count: 1, RetryAfter: msDuration(900), ResetAfter: msDuration(1900), At: 100}}, // holds 1000
+		{at: 2400, tenant: "C", quotas: q, member: "c"}, // trims <= -600: TB's entry stays
+		{at: 2500, tenant: "B", quotas: q, member: "b2", token: "TB", want: &modelDecision{Reserved: true,
+			Quota: typ, Count: 1, RetryAfter: msDuration(900), ResetAfter: msDuration(1900), At: 2500}}, // holds 3400
+		{at: 3400, tenant: "B", quotas: q, member: "b3", token: "TB", want: &modelDecision{Allowed: true,
+			Quota: typ, Count: 1, Remaining: 0, ResetAfter: msDuration(1000), At: 3400}},
 	})
 }
 
