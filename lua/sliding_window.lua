@@ -68,7 +68,10 @@
 --   remaining      slots left in that quota's window after this call, >= 0
 --   retry_after_ms 0 when allowed; else ms until the event may be admitted, >= 1: its
 --                  reservation's instant, or the largest (k-th oldest counted score +
---                  window_ms - now_ms), k = count + cost - limit
+--                  window_ms - now_ms), k = count + cost - limit. For a due reservation
+--                  blocked by admissions scored after now_ms (callers whose clocks run
+--                  ahead), those are looked for among the first 1000 entries after now_ms;
+--                  past them it waits window_ms: later than needed, never too early.
 --   reset_ms       ms until every quota's window is empty if nothing more is admitted
 --   now_ms         the instant decided on (ARGV[1], or the server's TIME)
 --   server_ms      the server's TIME in ms, for clock-skew checks
