@@ -1,9 +1,9 @@
 // Package redistest starts throwaway redis-server processes for tests: each on a free
 // loopback port, persistence off, stopped by t.Cleanup. Tests own their servers, so they
-// can flush, stop and restart them freely.
+// can flush, stop and restart them freely. StartCluster joins several into a Redis Cluster.
 //
-// Without redis-server on PATH the calling test fails and says how to install it: a suite
-// that skips its Redis tests has tested nothing.
+// Without redis-server (or, for a cluster, redis-cli) on PATH the calling test fails and
+// says how to install it: a suite that skips its Redis tests has tested nothing.
 package redistest
 
 import (
@@ -44,12 +44,19 @@ func Start(tb testing.TB) *redis.Client {
 // answers PING (at most 10s). t.Cleanup kills it.
 func StartServer(tb testing.TB, extraArgs ...string) *Server {
 	tb.Helper()
+	return startServer(tb, freePort, func(*Server) []string { return extraArgs })
+}
+
+// startServer is StartServer with the port chosen by pickPort and extra arguments that
+// may name the server's port or directory (argsFor is called once per attempt).
+func startServer(tb testing.TB, pickPort func(testing.TB) int, argsFor func(s *Server) []string) *Server {
+	tb.Helper()
 	path := lookPath(tb)
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ { // another process may take the free port first
-		s := &Server{tb: tb, port: freePort(tb), dir: tb.TempDir()}
+		s := &Server{tb: tb, port: pickPort(tb), dir: tb.TempDir()}
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
-		if lastErr = s.start(path, extraArgs); lastErr == nil {
+		if lastErr = s.start(path, argsFor(s)); lastErr == nil {
 			tb.Cleanup(s.kill)
 			return s
 		}
@@ -151,11 +158,18 @@ func freePort(tb testing.TB) int {
 // lookPath finds redis-server or fails the test with how to install it.
 func lookPath(tb testing.TB) string {
 	tb.Helper()
-	path, err := exec.LookPath("redis-server")
+	return lookPathOf(tb, "redis-server")
+}
+
+// lookPathOf finds the Redis program name (redis-server or redis-cli) or fails the test
+// with how to install it.
+func lookPathOf(tb testing.TB, name string) string {
+	tb.Helper()
+	path, err := exec.LookPath(name)
 	if err != nil {
-		tb.Fatalf("redistest: redis-server is not on PATH; the tests need a real Redis. " +
-			"Install it (Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew install redis) " +
-			"or run .ci/run, which installs it.")
+		tb.Fatalf("redistest: %s is not on PATH; the tests need a real Redis. "+
+			"Install it (Debian/Ubuntu: sudo apt-get install redis-server, which brings redis-tools "+
+			"with redis-cli; macOS: brew install redis) or run .ci/run, which installs it.", name)
 	}
 	return path
 }
