@@ -101,17 +101,13 @@ func resvWantExpires(t *testing.T, rdb *redis.Client, what string, keys ...strin
 	}
 }
 
-// resvMostIn returns the most instants of ats (ms) in any window (s-w, s].
+// resvMostIn returns the most instants of ats (ms) in any window (s-w, s] (w in ms).
 func resvMostIn(ats []int64, w int64) int {
-	s := slices.Sorted(slices.Values(ats))
-	most, first := 0, 0
-	for last := range s {
-		for s[first] <= s[last]-w {
-			first++
-		}
-		most = max(most, last-first+1)
+	ts := make([]time.Time, len(ats))
+	for i, at := range ats {
+		ts[i] = ms(at)
 	}
-	return most
+	return throttle.MaxInWindow(ts, msd(w))
 }
 
 // resvFill50 admits 5 events at 1000 under 5/1s and then reserves for the 50

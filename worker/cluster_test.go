@@ -13,6 +13,7 @@ import (
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/producer"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
 	"github.com/asynq-throttle/asynq-throttle/worker"
 )
 
@@ -156,7 +157,7 @@ func TestEndToEndCluster(t *testing.T) {
 		if n := len(starts[tenant]); n != 9 {
 			t.Errorf("tenant %s: %d admissions, want 9 (one per task)", tenant, n)
 		}
-		if got := mostInWindow(starts[tenant], time.Second); got != 3 {
+		if got := throttle.MaxInWindow(starts[tenant], time.Second); got != 3 {
 			t.Errorf("tenant %s: most admissions in a 1s window = %d, want 3 (the limit, reached)", tenant, got)
 		}
 	}

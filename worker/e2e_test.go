@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -47,21 +46,6 @@ func (j *journal) total() int {
 	}
 	return n
 }
-
-// maxInWindow returns the most instants of ts in any window (t-w, t].
-func maxInWindow(ts []time.Time, w time.Duration) int {
-	s := append([]time.Time(nil), ts...)
-	sort.Slice(s, func(a, b int) bool { return s[a].Before(s[b]) })
-	most, first := 0, 0
-	for last := range s {
-		for !s[first].After(s[last].Add(-w)) {
-			first++
-		}
-		most = max(most, last-first+1)
-	}
-	return most
-}
-
 // startServer runs an asynq server on rdb with the throttle middleware and h, configured
 // through worker.WrapConfig, and stops it at cleanup.
 func startServer(t *testing.T, rdb redis.UniversalClient, rules string, cfg worker.Config, h asynq.HandlerFunc) {
@@ -175,7 +159,7 @@ func testEndToEnd(t *testing.T, cfg worker.Config, wantDeferrals bool) {
 		}
 	}
 	for _, tenant := range tenants {
-		if got := maxInWindow(j.starts[tenant], 2*time.Second); got != 5 {
+		if got := throttle.MaxInWindow(j.starts[tenant], 2*time.Second); got != 5 {
 			t.Errorf("tenant %s: most handler starts in a 2s window = %d, want 5 (the limit, reached)", tenant, got)
 		}
 	}

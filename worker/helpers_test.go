@@ -91,22 +91,6 @@ func queueInfo(insp *asynq.Inspector) asynq.QueueInfo {
 	}
 	return *qi
 }
-
-// mostInWindow returns the most instants of ts in any window (t-w, t], the window of the
-// limiter contract (an entry scored s counts at now iff s > now - w).
-func mostInWindow(ts []time.Time, w time.Duration) int {
-	s := append([]time.Time(nil), ts...)
-	sort.Slice(s, func(a, b int) bool { return s[a].Before(s[b]) })
-	most, first := 0, 0
-	for last := range s {
-		for !s[first].After(s[last].Add(-w)) {
-			first++
-		}
-		most = max(most, last-first+1)
-	}
-	return most
-}
-
 // syncBuffer is a bytes.Buffer safe for the concurrent writes of a slog handler and the
 // reads of a test.
 type syncBuffer struct {

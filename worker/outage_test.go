@@ -263,7 +263,7 @@ func TestRedisOutage(t *testing.T) {
 		for _, s := range logged {
 			ts = append(ts, time.UnixMilli(s))
 		}
-		if got := mostInWindow(ts, time.Second); got > 5 {
+		if got := throttle.MaxInWindow(ts, time.Second); got > 5 {
 			t.Errorf("tenant %s: %d admissions within 1s, limit 5", tenant, got)
 		}
 	}

@@ -170,20 +170,6 @@ func resvWaitDone(t *testing.T, rdb *redis.Client, rec *resvRecorder, n int, tim
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-
-// resvMostIn returns the most instants of ts in any window (s-w, s].
-func resvMostIn(ts []time.Time, w time.Duration) int {
-	s := slices.SortedFunc(slices.Values(ts), time.Time.Compare)
-	most, first := 0, 0
-	for last := range s {
-		for !s[first].After(s[last].Add(-w)) {
-			first++
-		}
-		most = max(most, last-first+1)
-	}
-	return most
-}
-
 // resvFill takes the whole of rule's window for tenant "acme" now, as another worker
 // would, and returns the admission.
 func resvFill(t *testing.T, lim *throttle.Limiter, rule worker.Rule) throttle.Decision {
@@ -244,7 +230,7 @@ func TestMiddleware_reservationsDenyOnce(t *testing.T) {
 			waited++
 		}
 	}
-	if got := resvMostIn(rec.starts, time.Second); got != 5 {
+	if got := throttle.MaxInWindow(rec.starts, time.Second); got != 5 {
 		t.Errorf("most handler starts in a 1s window = %d, want 5 (the limit, reached)", got)
 	}
 	// All 20 start at once on 20 workers: the last five are reserved ~3s ahead, beyond

@@ -195,7 +195,7 @@ func TestThrottledForSeveralWindows(t *testing.T) {
 			}
 		}
 	}
-	if got := mostInWindow(starts, time.Second); got != 1 || len(starts) != 10 {
+	if got := throttle.MaxInWindow(starts, time.Second); got != 1 || len(starts) != 10 {
 		t.Errorf("%d handler starts, at most %d in one 1s window; want 10 (6 successes, 4 real failures), at most 1", len(starts), got)
 	}
 

@@ -146,9 +146,9 @@ func buildReport(d runData) Report {
 			Admitted:               len(adm),
 			APIAccepted:            len(api.Accepted),
 			API429:                 api.Rejected,
-			MaxInWorkerWindow:      maxInWindow(adm, d.WorkerLimit.Window),
-			MaxInAPIWindow:         maxInWindow(adm, d.APILimit.Window),
-			MaxArrivalsInAPIWindow: maxInWindow(api.Accepted, d.APILimit.Window),
+			MaxInWorkerWindow:      throttle.MaxInWindow(adm, d.WorkerLimit.Window),
+			MaxInAPIWindow:         throttle.MaxInWindow(adm, d.APILimit.Window),
+			MaxArrivalsInAPIWindow: throttle.MaxInWindow(api.Accepted, d.APILimit.Window),
 		}
 		busy, rate := busyRate(adm, d.APILimit.Window)
 		t.BusySeconds = round(busy.Seconds(), 3)
@@ -195,19 +195,6 @@ func tenantFailures(t TenantReport, d runData) []string {
 		f = append(f, fmt.Sprintf("%s: the API answered 429 Too Many Requests %d times", t.Tenant, t.API429))
 	}
 	return f
-}
-
-// maxInWindow returns the most of the ascending times ts that fall in one window (t-w, t].
-// The maximum is reached with t at one of ts, so a two-pointer sweep is exact.
-func maxInWindow(ts []time.Time, w time.Duration) int {
-	most, first := 0, 0
-	for last := range ts {
-		for !ts[first].After(ts[last].Add(-w)) {
-			first++
-		}
-		most = max(most, last-first+1)
-	}
-	return most
 }
 
 // busyRate returns the busy period of the ascending admission times ts (first to last,

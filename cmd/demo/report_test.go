@@ -20,31 +20,6 @@ func times(ms ...int64) []time.Time {
 	return out
 }
 
-func TestMaxInWindow(t *testing.T) {
-	t.Parallel()
-	ts := times(0, 100, 999, 1000, 1999, 2000, 2000)
-	tests := []struct {
-		name string
-		ts   []time.Time
-		w    time.Duration
-		want int
-	}{
-		{"Empty", nil, time.Second, 0},
-		{"One", times(5), time.Second, 1},
-		// (t-1s, t]: t=999 {0,100,999}; t=1000 {100,999,1000}; t=2000 {1999,2000,2000}.
-		{"BoundaryInstantCountsOnce", ts, time.Second, 3},
-		// (t-1001ms, t] at t=1000 reaches back to 0: {0,100,999,1000}.
-		{"WiderWindow", ts, 1001 * time.Millisecond, 4},
-		{"SameInstant", times(7, 7, 7), time.Millisecond, 3},
-		{"TinyWindow", times(0, 1, 2), time.Millisecond, 1},
-	}
-	for _, tc := range tests {
-		if got := maxInWindow(tc.ts, tc.w); got != tc.want {
-			t.Errorf("%s: maxInWindow = %d, want %d", tc.name, got, tc.want)
-		}
-	}
-}
-
 func TestBusyRate(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
