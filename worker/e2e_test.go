@@ -46,6 +46,7 @@ func (j *journal) total() int {
 	}
 	return n
 }
+
 // startServer runs an asynq server on rdb with the throttle middleware and h, configured
 // through worker.WrapConfig, and stops it at cleanup.
 func startServer(t *testing.T, rdb redis.UniversalClient, rules string, cfg worker.Config, h asynq.HandlerFunc) {

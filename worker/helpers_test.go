@@ -91,6 +91,7 @@ func queueInfo(insp *asynq.Inspector) asynq.QueueInfo {
 	}
 	return *qi
 }
+
 // syncBuffer is a bytes.Buffer safe for the concurrent writes of a slog handler and the
 // reads of a test.
 type syncBuffer struct {

@@ -170,6 +170,7 @@ func resvWaitDone(t *testing.T, rdb *redis.Client, rec *resvRecorder, n int, tim
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
 // resvFill takes the whole of rule's window for tenant "acme" now, as another worker
 // would, and returns the admission.
 func resvFill(t *testing.T, lim *throttle.Limiter, rule worker.Rule) throttle.Decision {
