@@ -838,16 +838,43 @@ func TestLimiter_Allow_clock(t *testing.T) {
 			t.Errorf("entry logged at %d ms, want %d", got, want)
 		}
 	})
-	t.Run("LocalAhead", func(t *testing.T) {
+	// A clock 10 minutes ahead is further than MaxSkew (1s) from the server's: the script
+	// decides and logs by the server's TIME and says so; Skew still reports the local clock.
+	t.Run("LocalAheadFallsBackToRedis", func(t *testing.T) {
 		t.Parallel()
 		const ahead = 10 * time.Minute
-		l, _ := newLimiterClient(t, throttle.Config{NowFunc: func() time.Time { return time.Now().Add(ahead) }})
+		l, rdb := newLimiterClient(t, throttle.Config{NowFunc: func() time.Time { return time.Now().Add(ahead) }})
 		d, err := l.Allow(ctx, req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if skew := d.Skew(); skew < ahead-time.Second || skew > ahead+time.Second {
 			t.Errorf("Skew() = %v, want within 1s of %v", skew, ahead)
+		}
+		if !d.SkewFallback || !d.At.Equal(d.ServerTime) {
+			t.Errorf("SkewFallback = %v, At %v, ServerTime %v: want the decision made at the server's TIME", d.SkewFallback, d.At, d.ServerTime)
+		}
+		if got := loggedAt(t, l, rdb); got != d.ServerTime.UnixMilli() {
+			t.Errorf("entry logged at %d ms, want the server's TIME %d", got, d.ServerTime.UnixMilli())
+		}
+	})
+	// Within MaxSkew the local clock is trusted: 500ms ahead is decided and logged at the
+	// local time. MaxSkew < 0 turns the check off: 10 minutes ahead is trusted too.
+	t.Run("LocalWithinMaxSkewOrCheckOff", func(t *testing.T) {
+		t.Parallel()
+		for _, c := range []struct {
+			ahead   time.Duration
+			maxSkew time.Duration
+		}{{500 * time.Millisecond, 0}, {10 * time.Minute, -1}} {
+			local := time.Now().Add(c.ahead).Truncate(time.Millisecond)
+			l, rdb := newLimiterClient(t, throttle.Config{MaxSkew: c.maxSkew, NowFunc: func() time.Time { return local }})
+			d, err := l.Allow(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.SkewFallback || !d.At.Equal(local) || loggedAt(t, l, rdb) != local.UnixMilli() {
+				t.Errorf("ahead %v, MaxSkew %v: SkewFallback %v, At %v; want the local time %v", c.ahead, c.maxSkew, d.SkewFallback, d.At, local)
+			}
 		}
 	})
 }
