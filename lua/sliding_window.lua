@@ -59,7 +59,7 @@
 --               window_ms   window length, integer ms >= 1
 --
 -- Returns integers {allowed, replay, binding, count, remaining, retry_after_ms, reset_ms,
--- now_ms, server_ms, skewed, reserved}:
+-- now_ms, server_ms, skewed, reserved, held}:
 --   allowed        1 admitted (or replayed), 0 denied
 --   replay         1 if member was already admitted: nothing was written
 --   binding        the quota q that decided: on denial the first with the longest
@@ -77,6 +77,8 @@
 --   server_ms      the server's TIME in ms, for clock-skew checks
 --   skewed         1 if now_ms was off by more than max_skew_ms and TIME was used
 --   reserved       1 if the event holds a reservation after this call (denied only)
+--   held           1 if the event held a (not lapsed) reservation when the call began:
+--                  it is coming back for it
 
 local time = redis.call('TIME')
 local server_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -401,4 +403,5 @@ for q = 1, nq do
 end
 
 local remaining = math.max(limits[binding] - counts[binding], 0)
-return {allowed, replay and 1 or 0, binding, counts[binding], remaining, retry_after, reset, now, server_ms, skewed, reserved}
+local held = reserved_at ~= nil and 1 or 0
+return {allowed, replay and 1 or 0, binding, counts[binding], remaining, retry_after, reset, now, server_ms, skewed, reserved, held}

@@ -28,6 +28,9 @@ type Decision struct {
 	// RetryAt: called again then with the same Reservation, it is admitted unless
 	// admissions made since leave no room.
 	Reserved bool
+	// Held reports that the event already held a reservation when the call began: it came
+	// back for a slot it was given earlier (whether or not it is due yet).
+	Held bool
 	// ResetAfter is how long until every quota's window is empty if nothing more is
 	// admitted.
 	ResetAfter time.Duration

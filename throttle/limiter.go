@@ -216,7 +216,7 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS string, maxSkew
 	if err != nil {
 		return Decision{}, fmt.Errorf("throttle: allow %s for tenant %q: %w", req.Key.TaskType, req.Key.Tenant, err)
 	}
-	if len(r) != 11 || r[2] < 1 || int(r[2]) > len(req.Quotas) {
+	if len(r) != 12 || r[2] < 1 || int(r[2]) > len(req.Quotas) {
 		return Decision{}, fmt.Errorf("throttle: allow %s for tenant %q: malformed script reply %v", req.Key.TaskType, req.Key.Tenant, r)
 	}
 	d := Decision{
@@ -231,6 +231,7 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS string, maxSkew
 		ServerTime:   time.UnixMilli(r[8]),
 		SkewFallback: r[9] == 1,
 		Reserved:     r[10] == 1,
+		Held:         r[11] == 1,
 	}
 	if nowMS != "" {
 		ms, _ := strconv.ParseInt(nowMS, 10, 64)

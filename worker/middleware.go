@@ -57,7 +57,9 @@ type Config struct {
 	NoReservations bool
 	// MaxWait is the longest wait the middleware sits out inside the handler instead of
 	// re-queueing the task, never past the task's deadline. The task holds its worker slot
-	// meanwhile. Defaults to DefaultMaxWait; negative: never wait in the handler.
+	// meanwhile. With reservations it applies to a task coming back for its reservation; a
+	// task denied for the first time waits at most NewcomerWait. Defaults to
+	// DefaultMaxWait; negative: never wait in the handler.
 	MaxWait time.Duration
 	// WakeLead is how long before its reserved instant a re-queued task is scheduled to
 	// come back. asynq stores retry times in whole seconds and moves due tasks back to
@@ -93,6 +95,10 @@ const (
 	// DefaultMaxWait is Config.MaxWait when left zero: a little more than DefaultWakeLead,
 	// so that a task woken early waits in its handler instead of being re-queued again.
 	DefaultMaxWait = DefaultWakeLead + 250*time.Millisecond
+	// NewcomerWait is the longest a task denied for the first time (holding no reservation
+	// yet) waits in its handler, with reservations; a longer wait re-queues it. MaxWait is
+	// for tasks coming back for their reservation.
+	NewcomerWait = 250 * time.Millisecond
 )
 
 // Header names of the copy that replaces a denied task with no retry left.
@@ -245,7 +251,7 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 		if reason := m.overdue(ctx, rule, d); reason != "" {
 			return m.giveUp(ctx, task, next, rule, req, reason)
 		}
-		if m.sleep(ctx, d.RetryAfter) {
+		if m.mayWait(d) && m.sleep(ctx, d.RetryAfter) {
 			m.metrics.count(key.TaskType, OutcomeWaited)
 			continue // the same request: its reservation, if any, is now due
 		}
@@ -317,6 +323,17 @@ func (m *middleware) leadFor(ctx context.Context) time.Duration {
 		lead = min(lead, max(dl.Sub(m.now())-100*time.Millisecond, 0))
 	}
 	return lead
+}
+
+// mayWait reports whether a task denied by d may wait in its handler (within MaxWait,
+// see sleep). With reservations, only a task coming back for its reservation does, or one
+// whose new slot is at most NewcomerWait away: a newly denied task that sat in its handler
+// would hold a worker slot while the tasks behind it in asynq's queue, maybe another
+// tenant's, wait their turn to reach the limiter at all; re-queued, it frees the worker
+// at once and the limiter can order everyone's slots (see the type-wide fairness in
+// package throttle).
+func (m *middleware) mayWait(d throttle.Decision) bool {
+	return !m.reserve || d.Held || d.RetryAfter <= NewcomerWait
 }
 
 // sleep waits d inside the handler and reports true if d is at most MaxWait and ends
