@@ -103,7 +103,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.PerTenant, "n", 100, "tasks per tenant, enqueued interleaved")
 	fs.IntVar(&o.APILimit, "api-limit", 10, "requests the fake API accepts per tenant per -api-window")
 	fs.DurationVar(&o.APIWindow, "api-window", time.Second, "the fake API's sliding window")
-	fs.DurationVar(&o.Margin, "margin", 100*time.Millisecond, "widen the worker's window by this much over -api-window, for network jitter")
+	fs.DurationVar(&o.Margin, "margin", 200*time.Millisecond, "widen the worker's window by this much over -api-window, for network jitter")
 	fs.DurationVar(&o.Jitter, "jitter", 0, "simulated network latency: each call waits a random 0..jitter before reaching the API")
 	fs.IntVar(&o.Concurrency, "concurrency", 20, "asynq worker concurrency")
 	fs.DurationVar(&o.Timeout, "timeout", 2*time.Minute, "give up if the tasks are not all completed by then")
