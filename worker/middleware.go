@@ -416,7 +416,7 @@ func (m *middleware) checkSkew(key throttle.Key, d throttle.Decision) {
 	}
 	if d.SkewFallback {
 		m.skewLog.Do(func() {
-			m.log.Warn("throttle: this worker's clock is off from the Redis server's; deciding by the server's TIME",
+			m.log.Warn("throttle: this worker's clock is off from the Redis server's (or Redis ran the call late); deciding by the server's TIME",
 				"skew", d.Skew(), "task_type", key.TaskType)
 		})
 	}

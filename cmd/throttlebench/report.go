@@ -152,7 +152,8 @@ Legend (a task is one (tenant, seq); every figure comes from the handlers' logs 
                      of the span can move it by up to about window/duration (%.1f%% here).
   max window/limit   the most admissions of one tenant in any window (t-%s, t], over %d
                      (the count in brackets); <= 1.00 means the limit held everywhere.
-                     x/time/rate limits each of the %d processes separately: up to %dx.
+                     x/time/rate limits each of the %d processes separately: its rate
+                     times %d, and each process's burst (= limit) on top: up to %dx.
   denials            deliveries that returned the task to asynq to come back later;
                      repeat denials are a task's denials after its first.
   in-handler waits   denials sat out inside the handler, then decided again (package
@@ -174,6 +175,6 @@ Legend (a task is one (tenant, seq); every figure comes from the handlers' logs 
                      over the fair share 1/%d.
   lost               enqueued - completed - archived (Inspector).
 `, sc.Limit.Events, sc.Limit.Window, 100*sc.Limit.Window.Seconds()/sc.Duration.Seconds(),
-		sc.Limit.Window, sc.Limit.Events, sc.Workers, sc.Workers,
+		sc.Limit.Window, sc.Limit.Events, sc.Workers, sc.Workers, 2*sc.Workers,
 		sc.Limit.Events, sc.Limit.Window, sc.Forwarder, sc.Tenants)
 }
