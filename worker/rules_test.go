@@ -63,6 +63,11 @@ func TestParseRules_errorsNameTheRule(t *testing.T) {
 		{in: "api:call tenant=5/0s", want: []string{"window must be at least 1ms"}},
 		{in: "api:call tenant=5/1.5ms", want: []string{"not a whole number of milliseconds"}},
 		{in: "a tenant=1/1s; b type=1/1s; a type=2/1s", want: []string{`rule 3 "a type=2/1s"`, "already has rule 1"}},
+		{in: "a tenant=1/1s max-delay=soon", want: []string{`"max-delay=soon"`, "want one max-delay=<positive Go duration>"}},
+		{in: "a tenant=1/1s max-delay=0s", want: []string{`"max-delay=0s"`, "positive Go duration"}},
+		{in: "a tenant=1/1s max-delay=1m max-delay=2m", want: []string{`"max-delay=2m"`, "want one max-delay"}},
+		{in: "a tenant=1/1s overdue=maybe", want: []string{`"overdue=maybe"`, "want overdue=archive, overdue=run or overdue=drop"}},
+		{in: "a tenant=1/1s overdue=run overdue=drop", want: []string{`"overdue=drop"`, "given twice"}},
 	}
 	for _, tc := range tests {
 		_, err := worker.ParseRules(tc.in)
@@ -80,12 +85,25 @@ func TestParseRules_errorsNameTheRule(t *testing.T) {
 
 func TestRule_String_roundTrips(t *testing.T) {
 	t.Parallel()
-	const in = "api:call tenant=5/2s type=20/1s"
-	rules, err := worker.ParseRules(in)
+	for _, in := range []string{
+		"api:call tenant=5/2s type=20/1s",
+		"llm:complete tenant=40000/1m cost=header:tokens",
+		"report:build tenant=2/1m max-delay=30m0s overdue=drop",
+		"x tenant=1/1s overdue=run",
+	} {
+		rules, err := worker.ParseRules(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rules[0].String(); got != in {
+			t.Errorf("String() = %q, want %q", got, in)
+		}
+	}
+	rules, err := worker.ParseRules("report:build tenant=2/1m max-delay=30m overdue=drop")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := rules[0].String(); got != in {
-		t.Errorf("String() = %q, want %q", got, in)
+	if r := rules[0]; r.MaxDelay != 30*time.Minute || r.Overdue != worker.OverdueDrop {
+		t.Errorf("MaxDelay %v, Overdue %v; want 30m and drop", r.MaxDelay, r.Overdue)
 	}
 }
