@@ -64,7 +64,10 @@ type DeniedError struct {
 	Key        Key
 	Quota      Quota
 	RetryAfter time.Duration // wait from the decision until every quota has room, >= 1ms
-	RetryAt    time.Time     // when to retry on the caller's clock: its time after the decision plus RetryAfter
+	// RetryAt is when to come back, on the caller's clock: its time after the decision
+	// plus RetryAfter, or earlier for a task that holds a reservation (package worker
+	// wakes it WakeLead early, to wait the rest in its handler).
+	RetryAt time.Time
 }
 
 // Error names the task type, tenant, quota and wait.
