@@ -19,8 +19,8 @@ import (
 // Tenant A enqueues a backlog of 300 tasks (30s of the type's slots); a second later
 // tenant B enqueues 10. Denied newcomers are re-queued rather than sitting in handlers, so
 // B's tasks reach the limiter at once, and the limiter's fair share gives B half of the
-// type's slots: B's 10 tasks all start within 3 windows of being enqueued, not after A's
-// backlog. The type's limit holds throughout.
+// type's slots: B's 10 tasks all start within a few windows of being enqueued (2.1s
+// measured), not after A's backlog (~29s). The type's limit holds throughout.
 func TestFairTypeQuota(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Start(t)
@@ -67,8 +67,10 @@ func TestFairTypeQuota(t *testing.T) {
 		t.Errorf("%d starts of the type in one 1s window, over the limit 10", got)
 	}
 	last := slices.MaxFunc(starts["B"], time.Time.Compare)
-	if late := last.Sub(bAt); late > 3*time.Second {
-		t.Errorf("B's last task started %v after B enqueued; want within 3 windows (A's backlog would take ~29s)", late)
+	// Fair shares start B's 10 tasks within about 2 windows; allow 8 for a loaded machine,
+	// still far from the ~29s that A's backlog would take first come, first served.
+	if late := last.Sub(bAt); late > 8*time.Second {
+		t.Errorf("B's last task started %v after B enqueued; want within 8 windows (A's backlog would take ~29s)", late)
 	}
 	t.Logf("B's 10 tasks started within %v of being enqueued, while A had run %d", last.Sub(bAt), len(starts["A"]))
 }
