@@ -139,7 +139,7 @@ func TestEndToEndCluster(t *testing.T) {
 	}
 	// Once a tenant's first 3 ran, its window and the reservations of seq 4..8 leave no
 	// room before t+2s: the MaxRetry(0) task is denied for sure.
-	waitUntil(t, 5*time.Second, "each tenant has 3 admissions", func() bool {
+	waitUntil(t, 15*time.Second, "each tenant has 3 admissions", func() bool {
 		return admittedOf(tenants[0]) >= 3 && admittedOf(tenants[1]) >= 3
 	})
 	enqueue(9, 0)
