@@ -163,6 +163,9 @@ func (l *Limiter) Cancel(ctx context.Context, req Request) error {
 				p.ZRem(ctx, reservationKey(l.prefix, req.Key, q.Scope), entries...)
 			}
 		}
+		if done[ScopeType] {
+			p.HDel(ctx, ownersKey(l.prefix, req.Key), req.Reservation)
+		}
 		return nil
 	})
 	if err != nil {

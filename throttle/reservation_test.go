@@ -578,3 +578,39 @@ func TestLimiter_AllowAt_memberIsNotAReservation(t *testing.T) {
 	wantOutcome(t, l, throttle.Request{Key: k, Quotas: []throttle.Quota{q}, Member: "job-7"}, 200,
 		outcome{Quota: q, Count: 2, RetryAfter: msd(1800), ResetAfter: msd(1800)})
 }
+
+// TestLimiter_Cancel: a cancelled reservation frees its slot at once: limit 1/1000ms on
+// the tenant and 5/1000ms on the type, A admitted at 0, B reserves 1000 and cancels; its
+// entries leave both logs, both reservation sets and the owners hash, and C, arriving at
+// 500, reserves B's old slot 1000 instead of the one after it.
+func TestLimiter_Cancel(t *testing.T) {
+	t.Parallel()
+	l, rdb := newLimiterClient(t, throttle.Config{})
+	ctx := context.Background()
+	quotas := []throttle.Quota{tenantQuota(1, time.Second), typeQuota(5, time.Second)}
+	key := throttle.Key{TaskType: "api:call", Tenant: "acme"}
+	req := func(id string) throttle.Request { return throttle.Request{Key: key, Quotas: quotas, Reservation: id} }
+	mustAdmit(t, l, throttle.Request{Key: key, Quotas: quotas}, 0)
+	if d := allowAt(t, l, req("B"), 100); !d.Reserved || d.RetryAfter != msd(900) {
+		t.Fatalf("B at 100: %+v, want a reservation at 1000", outcomeOf(d))
+	}
+	if err := l.Cancel(ctx, req("B")); err != nil {
+		t.Fatal(err)
+	}
+	for _, scope := range []throttle.Scope{throttle.ScopeTenant, throttle.ScopeType} {
+		for _, k := range []string{l.RedisKey(key, scope), resvSetKey(t, l, key, scope)} {
+			if _, err := rdb.ZScore(ctx, k, "1@B").Result(); err != redis.Nil {
+				t.Errorf("%s still holds B's reservation (err %v)", k, err)
+			}
+		}
+	}
+	if n, err := rdb.HExists(ctx, "throttle:{api:call}:owners", "B").Result(); err != nil || n {
+		t.Errorf("owners hash still names B (%v, %v)", n, err)
+	}
+	if d := allowAt(t, l, req("C"), 500); !d.Reserved || d.RetryAfter != msd(500) {
+		t.Errorf("C at 500: %+v, want B's old slot at 1000", outcomeOf(d))
+	}
+	if err := l.Cancel(ctx, throttle.Request{Key: key, Quotas: quotas}); err != nil {
+		t.Errorf("Cancel without a reservation: %v, want a no-op", err)
+	}
+}
