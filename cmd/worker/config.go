@@ -60,11 +60,7 @@ type Config struct {
 func loadConfig() (Config, error) {
 	var c Config
 	if err := envconfig.Process("", &c); err != nil {
-		var pe *envconfig.ParseError
-		if errors.As(err, &pe) {
-			return Config{}, fmt.Errorf("%s=%q: %s", pe.KeyName, pe.Value, parseProblem(pe))
-		}
-		return Config{}, err
+		return Config{}, redisenv.EnvError(err)
 	}
 	if err := c.validate(); err != nil {
 		return Config{}, err
@@ -75,22 +71,6 @@ func loadConfig() (Config, error) {
 	}
 	c.Redis = rc
 	return c, nil
-}
-
-// parseProblem says in words why envconfig could not read pe.Value.
-func parseProblem(pe *envconfig.ParseError) string {
-	var ne *strconv.NumError
-	switch {
-	case pe.TypeName == "time.Duration":
-		return "not a Go duration such as 1s, 500ms or 2m"
-	case pe.TypeName == "bool":
-		return "not a boolean (true or false)"
-	case errors.As(pe.Err, &ne) && errors.Is(ne.Err, strconv.ErrRange):
-		return "integer out of range"
-	case strings.HasPrefix(pe.TypeName, "int"):
-		return "not an integer"
-	}
-	return pe.Err.Error() // our Decode methods (Queues, Rules) say what is wrong
 }
 
 // validate reports the first value that parsed but is out of range.

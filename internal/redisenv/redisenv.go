@@ -49,11 +49,7 @@ type Config struct {
 func Load() (Config, error) {
 	var c Config
 	if err := envconfig.Process("", &c); err != nil {
-		var pe *envconfig.ParseError
-		if errors.As(err, &pe) {
-			return Config{}, fmt.Errorf("redisenv: %s=%q: %s", pe.KeyName, pe.Value, parseProblem(pe))
-		}
-		return Config{}, fmt.Errorf("redisenv: %w", err)
+		return Config{}, fmt.Errorf("redisenv: %w", EnvError(err))
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err
@@ -61,16 +57,29 @@ func Load() (Config, error) {
 	return c, nil
 }
 
-// parseProblem says in words why envconfig could not convert pe.Value.
-func parseProblem(pe *envconfig.ParseError) string {
-	if strings.HasPrefix(pe.TypeName, "int") {
-		var ne *strconv.NumError
-		if errors.As(pe.Err, &ne) && errors.Is(ne.Err, strconv.ErrRange) {
-			return "integer out of range"
-		}
-		return "not an integer"
+// EnvError turns an error of envconfig.Process into one that names the variable, quotes
+// its text and says in words what is wrong, as in `WORKER_CONCURRENCY="ten": not an
+// integer`, so every command reports a malformed environment alike. An error that is not
+// an *envconfig.ParseError is returned as it is; for a type with its own Decode method the
+// problem is that method's error.
+func EnvError(err error) error {
+	var pe *envconfig.ParseError
+	if !errors.As(err, &pe) {
+		return err
 	}
-	return fmt.Sprintf("not a valid %s: %v", pe.TypeName, pe.Err)
+	var ne *strconv.NumError
+	problem := pe.Err.Error()
+	switch {
+	case pe.TypeName == "time.Duration":
+		problem = "not a Go duration such as 1s, 500ms or 2m"
+	case pe.TypeName == "bool":
+		problem = "not a boolean (true or false)"
+	case errors.As(pe.Err, &ne) && errors.Is(ne.Err, strconv.ErrRange):
+		problem = "integer out of range"
+	case strings.HasPrefix(pe.TypeName, "int"):
+		problem = "not an integer"
+	}
+	return fmt.Errorf("%s=%q: %s", pe.KeyName, pe.Value, problem)
 }
 
 // Validate reports the first problem of c: an address in Addr that is not host:port with
