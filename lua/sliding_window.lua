@@ -1,407 +1,1100 @@
--- sliding_window.lua: decide one event against every quota that applies to it, all or
--- nothing, and optionally hold a reservation for a denied event.
+-- sliding_window.lua: decide one event against every quota of its rule, all or nothing, in
+-- one atomic call; hold, claim and release reservations; share type-wide quotas fairly.
 --
--- A window log is a sorted set of entries scored in ms: admissions, and reservations
--- (slots promised to denied events, at the instant they may run). An event of cost c is
--- admitted iff, for every quota q on log KEYS[j], the entries of KEYS[j] scored in
--- (now_ms - window_ms_q, +inf) number at most limit_q - c. Reservations in the future
--- count too, so a new event never takes a slot promised to an earlier one, and so do
--- admissions from a caller whose clock runs ahead. An admission adds c entries scored
--- now_ms. Several quotas may share one log (10/1s and 500/1h for one tenant). All KEYS
--- share one hash slot.
+-- STATE. Each quota scope of a rule (a tenant's, or the task type's) has a window log L, a
+-- sorted set with one entry per event, scored by its instant in ms, whatever its cost:
+--   "<id>"                 an admission of cost 1 (id: the caller's member, 96 random bits)
+--   "*<cost>:<id>"         an admission of cost > 1
+--   "@<cost>:<token>"      a reservation (token: the waiting task), or one claimed ahead
+--   "~<cost>:<token>@<ms>" a released weighted reservation that counts until it leaves
+--   "#", "#f"              sentinels, scored below -2^50 (see SKEW)
+-- P beside it lists the log's pending reservations ("<cost>:<token>" scored at their
+-- instant), C its entries of cost > 1 ("<cum>|<L member>", <cum> 16 digits: the sum of
+-- cost - 1 over C's entries up to this one, in score order). So the slots of a window
+-- (a, b] are ZCOUNT(L, a, b) plus a difference of two <cum>s: O(log N), one entry per event.
+-- Per task type: LEASES (hash: token -> "<cost>:<scopes>:<created ms>:<n>:<holder><tenant>",
+-- holder n bytes), FAIRQ (sorted set: token -> fair tag), FAIRH (hash: "v" -> the tag of
+-- the latest claimed reservation, "l:<tenant>" -> the tenant's latest tag).
 --
--- Trimming: a write removes the entries scored at or before now_ms - longest window -
--- grace_ms, and PEXPIRE keeps each set until its newest entry is that old. The grace is
--- how far behind another caller's clock may be: its call can reach Redis after a call
--- stamped later, and must still find every entry of its own window.
+-- THE RULE (DESIGN.md 3b). Cost c fits at instant t iff, for every quota (limit, W), every
+-- window (x - W, x] with t <= x < t + W holds at most limit - c, each entry counted at its
+-- own instant, past or future. An event is decided at the earliest t >= now at which it
+-- fits every quota: admitted if t <= now + wait (for instant t: the caller starts then);
+-- otherwise, with a token, it reserves t (an entry at t, so nothing decided later can take
+-- that slot); without one it is denied with retry_after = t - now, writing nothing.
 --
--- Without a token a denial writes nothing. With a token (the waiting task's id):
---   * a denied event that holds no reservation reserves the first instant t at which every
---     quota has room, counting all entries: c entries at t in every log, and the same in
---     the reservation set beside each log. The reply's retry_after is t - now_ms.
---   * an event whose reservation is still ahead is denied with retry_after = t - now_ms,
---     writing nothing (a replayed reservation call finds its reservation: idempotent).
---   * an event whose reservation is due is admitted iff, for every quota, the entries in
---     (now_ms - window_ms, now_ms] other than its own, plus admissions scored after
---     now_ms, leave room for c: reservations behind it do not block it. Admission turns
---     the reservation into an admission at now_ms. Otherwise it is denied until that room
---     comes, keeping its reservation where it is.
--- A reservation that is never used stops counting one window after its instant.
+-- BOUNDED WORK. fits(t) first tries two O(log N) bounds per quota: the window ending at t
+-- (over: no), and every entry that can share a window with t, scored in (t - W, t + W)
+-- (room: yes). Only in between does it read those entries, at most K_SCAN, else "no"
+-- (later than needed, never too early). On one log, the earliest t >= t0 is t0, else the
+-- first of K_CAND instants at which an entry leaves a window (e + W) before the log's end
+-- slot, else the end slot (the first instant after its newest entry with room: one rank,
+-- or a bisection over ranks with <cum>). Logs alternate for at most K_ITER rounds, else the latest end slot
+-- wins (every log has room from its end slot on). Other loops state their bounds inline.
 --
--- Fairness on a type-wide quota: first come, first served would let one tenant's backlog
--- hold every slot of the type for as long as it lasts. So when a tenant's event must
--- reserve on the type-wide log, it takes the earliest slot ahead (among the next 4 x limit
--- reservations) held by a tenant with at least two more reservations than it in the window
--- ending there, and that reservation moves behind everything on the type-wide log. Tenants
--- waiting together thus share the type's slots equally. The owners hash maps each
--- reservation on the type-wide log to "<tenant tag>/<cost>"; only cost-1 reservations move.
+-- SKEW. Sentinel "#" scores -2^51 + 8 * hw + flags, hw being the latest instant a write to
+-- the log was decided at, flags telling whether C may hold entries (1), "#f" is there (2)
+-- and P may hold entries (4); "#f" scores -2^51 + the latest instant ever written, when it
+-- is after hw. A call stamped
+-- before hw is decided at hw, and its retry_after is given on its own clock. Writes trim
+-- entries at or before hw - W and never later ones, so no call can count a window another
+-- call has trimmed: a log holds its longest window's entries and two sentinels, no more.
 --
--- KEYS[j]       ZSET window log j = 1..m: member "<slot>:<member>" for an admission,
---               "<slot>@<token>" for a reservation; score = instant (ms)
--- KEYS[m+j]     ZSET reservations of log j: its reservation entries, same members and
---               scores (reservation sets always follow the logs, token or not)
--- KEYS[2m+1]    HASH owners of the reservations on the type-wide log (only with a token
---               and a type-wide quota): token -> "<tenant tag>/<cost>"
--- ARGV[1]       now_ms      caller's clock, integer ms since the Unix epoch; "" uses the
---                           server's TIME instead
--- ARGV[2]       member      unique event id (xid) of this admission; a call that finds it
---                           in a log reports the admission again and writes nothing
--- ARGV[3]       cost        slots the event takes, integer >= 1
--- ARGV[4]       max_skew_ms if > 0 and now_ms is further than this from the server's
---                           TIME, decide by the server's TIME instead (and say so)
--- ARGV[5]       token       the waiting task's id for reservations, or "" for none
--- ARGV[6]       type_log    index j of the type-wide log in KEYS, or 0 if none
--- ARGV[7]       tag         the event's tenant, as a short tag, for the owners hash
--- ARGV[8]       grace_ms    how long entries outlive their longest window, integer >= 0
--- ARGV[6+3q], ARGV[7+3q], ARGV[8+3q] for quota q = 1..:
---               j           index of the quota's log in KEYS (1..m)
---               limit       most slots in one window, integer >= cost
---               window_ms   window length, integer ms >= 1
+-- CLAIMS. A token pending at r with r <= now + claim_wait is claimed: for instant r if r
+-- >= now (the slot was promised; the caller waits until r), else (late, but within the
+-- claim timeout) decided afresh without its reservation. A token pending further ahead is
+-- denied until r, writing nothing. A reservation lapses claim_timeout after its instant:
+-- each call first removes up to K_LAPSE lapsed reservations from each of its logs.
 --
--- Returns integers {allowed, replay, binding, count, remaining, retry_after_ms, reset_ms,
--- now_ms, server_ms, skewed, reserved, held}:
---   allowed        1 admitted (or replayed), 0 denied
---   replay         1 if member was already admitted: nothing was written
---   binding        the quota q that decided: on denial the first with the longest
---                  retry-after, else the first with the fewest slots left
---   count          entries counted in that quota's window after this call
---   remaining      slots left in that quota's window after this call, >= 0
---   retry_after_ms 0 when allowed; else ms until the event may be admitted, >= 1: its
---                  reservation's instant, or the largest (k-th oldest counted score +
---                  window_ms - now_ms), k = count + cost - limit. For a due reservation
---                  blocked by admissions scored after now_ms (callers whose clocks run
---                  ahead), those are looked for among the first 1000 entries after now_ms;
---                  past them it waits window_ms: later than needed, never too early.
---   reset_ms       ms until every quota's window is empty if nothing more is admitted
---   now_ms         the instant decided on (ARGV[1], or the server's TIME)
---   server_ms      the server's TIME in ms, for clock-skew checks
---   skewed         1 if now_ms was off by more than max_skew_ms and TIME was used
---   reserved       1 if the event holds a reservation after this call (denied only)
---   held           1 if the event held a (not lapsed) reservation when the call began:
---                  it is coming back for it
+-- FAIRNESS. A reservation on a type quota carries a fair tag: max(V, the tenant's latest
+-- tag) + round(cost * 10^6 / weight). An event of cost 1 that must reserve takes the slot
+-- at its fair rank r (the number of tags <= its own) among the type log's pending
+-- reservations: from the first pending at the r-th one's instant, the first of K_FAIR that
+-- is another tenant's cost-1 reservation (same scopes), after now and before its own
+-- earliest instant, where its other quotas have room. The reservation it displaces moves to its own earliest
+-- instant, keeping its tag. Waiting tenants so share the type's slots in proportion to
+-- their weights, and a share left unused goes to the others.
+--
+-- WEIGHTED ENTRIES. Inserting or removing a cost > 1 entry rewrites the <cum> of the C
+-- entries after it, at most K_RENUM. An event that could only be written before more than
+-- K_RENUM of them is placed at its earliest instant after C's newest entry instead; a
+-- release that would rewrite more leaves the entry counting, as "~", until it leaves its
+-- window.
+--
+-- INTERFACE. KEYS: the window logs L of the call, "<prefix>:{<type>}:<scope>" (scope
+-- "tenant:<escaped tenant>" or "type"). P, C, LEASES, FAIRQ and FAIRH are named from
+-- KEYS[1]'s "<prefix>:{<type>}:" base, as asynq's own scripts name keys from a base: they
+-- share its hash tag, so its slot on a cluster.
+-- ARGV for a decision:
+--   1 now_ms ("": the server's TIME)   2 member (unique per event)   3 the sentinel score
+--   for now_ms, as a string ("-2^51 + 8 * now_ms")   4 max_skew_ms ("0": trust now_ms)
+--   5 "" for a cost-1 event with no reservation, else
+--     "<cost>:<wait>:<claim timeout>:<claim wait>:<weight>:<n>:<token><n>:<holder><tenant>"
+--     (times in ms; token and holder prefixed by their byte lengths)
+--   then per quota i: limit, window_ms, now_ms - window_ms (strings); with more than one
+--   quota, a last ARGV of one digit per quota: the index of its log in KEYS.
+-- Returns {code, count, retry_after_ms, at_ms, binding, server_ms}: code = allowed (1) +
+--   replay (2) + skewed (4) + reserved (8) + held (16); at_ms is the instant decided at,
+--   the admission's own when allowed; retry_after_ms counts from the caller's now_ms;
+--   count is the binding quota's (1-based; 1 if omitted) in the window ending at at_ms;
+--   server_ms is 0 (or omitted) when TIME was not read.
+-- ARGV for a release: 1 "r"   2 token; KEYS[1]: LEASES. Returns 1 if the token held a
+--   reservation, else 0.
 
-local time = redis.call('TIME')
-local server_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local K_SCAN, K_CAND, K_ITER, K_LAPSE, K_RENUM, K_FAIR = 64, 4, 3, 8, 32, 8
+local DEFAULT_CLAIM_TIMEOUT = 5000 -- ms, throttle.DefaultClaimTimeout
+local BASE = 2251799813685248 -- 2^51
+local FLOOR = '-1125899906842624' -- -2^50: below every instant, above every sentinel
+local FAIR_UNIT = 1000000
 
-local now_arg = ARGV[1]
-local now = tonumber(now_arg)
-local max_skew = tonumber(ARGV[4])
-local skewed = 0
-if now_arg == '' or (max_skew > 0 and math.abs(now - server_ms) > max_skew) then
-  skewed = now_arg == '' and 0 or 1
-  now = server_ms
-  now_arg = string.format('%d', now)
-end
-local member = ARGV[2]
-local cost = tonumber(ARGV[3])
-local token = ARGV[5]
-local type_log = tonumber(ARGV[6])
-local tag = ARGV[7]
-local grace = tonumber(ARGV[8])
-local owners = nil -- the owners hash's key, when fairness applies
-local m = #KEYS / 2
-if token ~= '' and type_log > 0 then
-  m = (#KEYS - 1) / 2
-  owners = KEYS[2 * m + 1]
+-- ---------------------------------------------------------------------------------------
+-- The fast path: an event of cost 1 on logs that hold no reservation, no weighted entry
+-- and nothing after their high-water instant, as most are. There a window's slots are
+-- its log's size less the entries at or before its start (ZCARD and a short ZCOUNT, both
+-- cheap in a small set), and the earliest instant with room is the k-th entry of the
+-- window plus W, k = slots + 1 - limit. It decides as general() would, but reads the
+-- server's TIME (for the skew check) only before a write: a denial is decided on the
+-- caller's clock and replies server_ms 0. It hands over to general (having written
+-- nothing) to reserve, to admit for a later instant, to replay, or with a skewed clock.
+
+repeat
+  local extra = ARGV[5]
+  if ARGV[1] == 'r' or ARGV[1] == '' or extra ~= '' and (string.byte(extra, 1) ~= 49 or string.byte(extra, 2) ~= 58) then
+    break -- a release, the server's clock, or a cost other than 1
+  end
+  local caller, server_ms = tonumber(ARGV[1]), 0
+  if #ARGV == 8 then
+    -- One quota, one log: the commonest call, with no table but the reply. Scores and
+    -- bounds go to Redis as the strings the caller computed (the sentinel at now, now -
+    -- window), unless the log's high-water instant is later than the caller's now.
+    local key, limit, w = KEYS[1], tonumber(ARGV[6]), tonumber(ARGV[7])
+    local hs = redis.call('ZSCORE', key, '#')
+    local sent, now = 0, caller
+    if hs then
+      local x = hs + BASE
+      if x % 8 ~= 0 then
+        break -- weighted entries, entries ahead or reservations
+      end
+      sent = 1
+      if x / 8 > now then
+        now = x / 8
+      end
+    end
+    local at, lower, sentinel = ARGV[1], ARGV[8], ARGV[3]
+    if now ~= caller then
+      at, lower, sentinel = now, now - w, 8 * now - BASE
+    end
+    local old = redis.call('ZCOUNT', key, FLOOR, lower)
+    local lo = redis.call('ZCARD', key) - sent - old
+    if lo >= limit then
+      if extra ~= '' or redis.call('ZSCORE', key, ARGV[2]) then
+        break -- to reserve or admit for later (extra), or a replay
+      end
+      -- The k-th entry of the window, k = lo + 1 - limit: the first unless a limit was lowered
+      -- (strings, not numbers, for Redis to parse: Redis 7.0 formats a Lua number with %.17g).
+      local e
+      if lo == limit then
+        e = redis.call('ZRANGEBYSCORE', key, '(' .. lower, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
+      else
+        local rank = sent + old + lo - limit
+        e = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+      end
+      return {0, lo, e[2] + w - caller, now}
+    end
+    if ARGV[4] ~= '0' then -- the skew check, before a write
+      local t = redis.call('TIME')
+      server_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+      if math.abs(caller - server_ms) > tonumber(ARGV[4]) then
+        break
+      end
+    end
+    if redis.call('ZADD', key, 'NX', at, ARGV[2]) == 0 then
+      break -- the member was there: a replay (NX wrote nothing)
+    end
+    redis.call('ZADD', key, sentinel, '#')
+    redis.call('ZREMRANGEBYSCORE', key, FLOOR, lower)
+    redis.call('PEXPIRE', key, ARGV[7])
+    return {1, lo + 1, 0, now, 1, server_ms}
+  end
+  local m, nq = #KEYS, (#ARGV - 6) / 3
+  local qlogs = ARGV[#ARGV]
+  local lj, lim, win, wmax = {}, {}, {}, {}
+  for i = 1, nq do
+    local j, w = string.byte(qlogs, i) - 48, tonumber(ARGV[4 + 3 * i])
+    lj[i], lim[i], win[i] = j, tonumber(ARGV[3 + 3 * i]), w
+    if (wmax[j] or 0) < w then
+      wmax[j] = w
+    end
+  end
+  local rl = 1 -- the replay check's log: the longest window
+  for j = 2, m do
+    if wmax[j] > wmax[rl] then
+      rl = j
+    end
+  end
+  local now, sent, plain = caller, {}, true
+  for j = 1, m do
+    local hs = redis.call('ZSCORE', KEYS[j], '#')
+    sent[j] = 0
+    if hs then
+      local x = hs + BASE
+      if x % 8 ~= 0 then -- weighted entries, entries ahead or reservations: general
+        plain = false
+        break
+      end
+      sent[j] = 1
+      if x / 8 > now then
+        now = x / 8
+      end
+    end
+  end
+  if not plain then
+    break
+  end
+  local card, lo, old = {}, {}, {}
+  local binding, t = nil, now
+  for i = 1, nq do
+    local j = lj[i]
+    if not card[j] then
+      card[j] = redis.call('ZCARD', KEYS[j]) - sent[j]
+    end
+    old[i] = redis.call('ZCOUNT', KEYS[j], FLOOR, now == caller and ARGV[5 + 3 * i] or now - win[i])
+    lo[i] = card[j] - old[i]
+    if lo[i] >= lim[i] then
+      binding = binding or i
+      local r = sent[j] + old[i] + lo[i] - lim[i] -- the k-th entry of the window, by rank
+      local e = redis.call('ZRANGE', KEYS[j], r, r, 'WITHSCORES')[2] + win[i]
+      if e > t then
+        t = e
+      end
+    end
+  end
+  if binding then
+    if extra ~= '' or redis.call('ZSCORE', KEYS[rl], ARGV[2]) then
+      break -- to reserve or admit for later (extra), or a replay
+    end
+    return {0, lo[binding], t - caller, now, binding}
+  end
+  if ARGV[4] ~= '0' then -- the skew check, before a write
+    local tm = redis.call('TIME')
+    server_ms = tm[1] * 1000 + math.floor(tm[2] / 1000)
+    if math.abs(caller - server_ms) > tonumber(ARGV[4]) then
+      break
+    end
+  end
+  local at = now == caller and ARGV[1] or now
+  if redis.call('ZADD', KEYS[rl], 'NX', at, ARGV[2]) == 0 then
+    break -- a replay (NX wrote nothing)
+  end
+  local left = nil
+  for i = 1, nq do
+    if left == nil or lim[i] - lo[i] - 1 < left then
+      binding, left = i, lim[i] - lo[i] - 1
+    end
+  end
+  local sentinel = now == caller and ARGV[3] or 8 * now - BASE
+  for j = 1, m do
+    if j == rl then
+      redis.call('ZADD', KEYS[j], sentinel, '#')
+    else
+      redis.call('ZADD', KEYS[j], at, ARGV[2], sentinel, '#')
+    end
+    redis.call('ZREMRANGEBYSCORE', KEYS[j], FLOOR, now - wmax[j])
+    redis.call('PEXPIRE', KEYS[j], wmax[j])
+  end
+  return {1, lo[binding] + 1, 0, now, binding, server_ms}
+until true
+
+-- ---------------------------------------------------------------------------------------
+-- The general path: any call (the fast path above handles the commonest alike, with fewer
+-- steps, and breaks out to here, having written nothing, for everything else). Its
+-- functions are defined only when a call gets here.
+
+-- read_clock returns the caller's instant (ARGV[1], or the server's TIME if it is "" or
+-- further than ARGV[4] ms from it), the server's TIME in ms (0 when not read: ARGV[1]
+-- given and ARGV[4] = "0"), and 1 if the server's clock replaced the caller's.
+local function read_clock()
+  local now_arg, max_skew = ARGV[1], ARGV[4]
+  local server_ms = 0
+  if now_arg == '' or max_skew ~= '0' then
+    local t = redis.call('TIME')
+    server_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+  end
+  if now_arg == '' then
+    return server_ms, server_ms, 0
+  end
+  local caller = tonumber(now_arg)
+  if max_skew ~= '0' and math.abs(caller - server_ms) > tonumber(max_skew) then
+    return server_ms, server_ms, 1
+  end
+  return caller, server_ms, 0
 end
 
 local function fmt(x)
   return string.format('%d', x)
 end
 
--- An admission of cost c is c entries "1:<member>" .. "<c>:<member>", a reservation c
--- entries "1@<token>" .. "<c>@<token>": the number and the separator after it keep the
--- entries of distinct (kind, id, slot) triples distinct, whatever the ids contain, so a
--- member can never pass for a reservation or the other way round.
-local function entries_of(sep, id, score)
-  local e = {}
-  for c = 1, cost do
-    e[#e + 1] = score
-    e[#e + 1] = c .. sep .. id
+-- cost_of is the cost of the event an L member stands for.
+local function cost_of(e)
+  local b = string.byte(e, 1)
+  if b == 64 or b == 42 or b == 126 then -- '@', '*', '~'
+    return tonumber(string.match(e, '^.(%d+):'))
   end
-  return e
+  return 1
 end
 
--- Is this log entry an admission (not a reservation)?
-local function is_admission(entry)
-  return string.match(entry, '^%d+(.)') == ':'
+local function cum_of(cm)
+  return tonumber(string.sub(cm, 1, 16))
 end
 
-local limits, windows, counts, logs = {}, {}, {}, {}
-local longest = {} -- per log j, its longest window among the quotas
-local nq = (#ARGV - 8) / 3
-for q = 1, nq do
-  local j = tonumber(ARGV[6 + 3 * q])
-  logs[q] = j
-  limits[q] = tonumber(ARGV[7 + 3 * q])
-  windows[q] = tonumber(ARGV[8 + 3 * q])
-  longest[j] = math.max(longest[j] or 0, windows[q])
+local function cum_member(cum, rest) -- rest: "|<L member>"
+  return string.format('%016d', cum) .. rest
 end
 
--- trim drops the entries of log j, and of its reservation set, too old to count for any
--- caller; with the owners hash, the owners of the reservations dropped from the type log.
-local function trim(j)
-  local floor = fmt(now - longest[j] - grace)
-  if owners and j == type_log then
-    local gone = redis.call('ZRANGEBYSCORE', KEYS[m + j], '-inf', floor)
-    for i = 1, #gone do
-      redis.call('HDEL', owners, string.sub(gone[i], string.find(gone[i], '@', 1, true) + 1))
+-- ---------------------------------------------------------------------------------------
+-- Reading a log
+
+local function new_log(l, p, c)
+  return {L = l, P = p, C = c, q = {}, wmax = 0}
+end
+
+-- load reads a log's sentinels and, with member, that member's score: one call.
+local function load(log, member)
+  local r = redis.call('ZMSCORE', log.L, '#', '#f', member or '#')
+  if r[1] then
+    local x = tonumber(r[1]) + BASE
+    log.flags = x % 8
+    log.hw = (x - log.flags) / 8
+  else
+    log.flags, log.hw = 0, -1
+  end
+  log.nsent = (r[1] and 1 or 0) + (r[2] and 1 or 0)
+  log.has_f = r[2] and true or false
+  log.hiw = r[2] and (tonumber(r[2]) + BASE) or log.hw
+  return member and r[3]
+end
+
+local function has_c(log)
+  return log.flags % 2 == 1
+end
+
+local function has_p(log)
+  return log.flags >= 4
+end
+
+-- extras is the sum of cost - 1 over the log's entries scored in (a, b].
+local function extras(log, a, b)
+  if not has_c(log) then
+    return 0
+  end
+  local hb = redis.call('ZREVRANGEBYSCORE', log.C, fmt(b), FLOOR, 'LIMIT', 0, 1)
+  if #hb == 0 then
+    return 0
+  end
+  local ha = redis.call('ZREVRANGEBYSCORE', log.C, fmt(a), FLOOR, 'LIMIT', 0, 1)
+  if #ha > 0 then
+    return cum_of(hb[1]) - cum_of(ha[1])
+  end
+  local first = redis.call('ZRANGE', log.C, 0, 0)[1]
+  return cum_of(hb[1]) - cum_of(first) + cost_of(string.sub(first, 18)) - 1
+end
+
+-- sum is the total cost of the log's entries scored in (a, b].
+local function sum(log, a, b)
+  return redis.call('ZCOUNT', log.L, '(' .. fmt(a), fmt(b)) + extras(log, a, b)
+end
+
+-- exact reports whether cost c fits at t in quota q, from the entries that can share a
+-- window with t (at most K_SCAN of them, else no).
+local function exact(log, q, t, c)
+  local w = q.w
+  local page = redis.call('ZRANGEBYSCORE', log.L, '(' .. fmt(t - w), fmt(t + w - 1), 'WITHSCORES', 'LIMIT', 0, K_SCAN + 1)
+  local n = #page / 2
+  if n > K_SCAN then
+    return false
+  end
+  local at, cs = {}, {}
+  for i = 1, n do
+    cs[i] = cost_of(page[2 * i - 1])
+    at[i] = tonumber(page[2 * i])
+  end
+  -- The fullest window (x - w, x] with t <= x < t + w ends at t or at an entry after t.
+  local lo, hi, s = 1, 0, 0
+  local function upto(x)
+    while hi < n and at[hi + 1] <= x do
+      hi = hi + 1
+      s = s + cs[hi]
+    end
+    while lo <= hi and at[lo] <= x - w do
+      s = s - cs[lo]
+      lo = lo + 1
+    end
+    return s
+  end
+  if upto(t) + c > q.limit then
+    return false
+  end
+  for i = 1, n do
+    if at[i] > t and (i == n or at[i + 1] > at[i]) and upto(at[i]) + c > q.limit then
+      return false
     end
   end
-  redis.call('ZREMRANGEBYSCORE', KEYS[j], '-inf', floor)
-  redis.call('ZREMRANGEBYSCORE', KEYS[m + j], '-inf', floor)
+  return true
 end
 
--- expire sets the TTL of log j and its reservation set (and owners with the type log) to
--- last until the log's newest entry is too old to count; it returns that newest score.
-local function expire(j)
-  local newest = tonumber(redis.call('ZRANGE', KEYS[j], -1, -1, 'WITHSCORES')[2] or now)
-  local ttl = fmt(math.max(newest, now) - now + longest[j] + grace)
-  redis.call('PEXPIRE', KEYS[j], ttl)
-  redis.call('PEXPIRE', KEYS[m + j], ttl)
-  if owners and j == type_log then
-    redis.call('PEXPIRE', owners, ttl)
+-- fits reports whether cost c fits at t (>= the call's now) in every quota of the log. It
+-- leaves in q.lo the slots taken in the window ending at t, for the reply.
+local function fits(log, t, c)
+  for _, q in ipairs(log.q) do
+    local lo = sum(log, t - q.w, t)
+    q.lo, q.lo_at = lo, t
+    if lo + c > q.limit then
+      return false
+    end
+    if log.hiw > t and sum(log, t - q.w, t + q.w - 1) + c > q.limit and not exact(log, q, t, c) then
+      return false
+    end
   end
-  return newest
+  return true
 end
 
--- A replay: this member's admission is still in a log. Report it again; write nothing.
-local replay = false
+-- newest is the instant of the log's newest entry, or nil.
+local function newest(log)
+  local r = redis.call('ZRANGE', log.L, -1, -1, 'WITHSCORES')
+  if #r == 0 or r[1] == '#' or r[1] == '#f' then
+    return nil
+  end
+  return tonumber(r[2])
+end
+
+-- end_slot is the first instant >= t0, and >= the log's newest entry, at which cost c fits
+-- every quota of the log: the first t with sum(t - W, +inf) <= limit - c for each quota,
+-- since no entry lies after t. All entries of cost 1: one rank. Else a bisection over
+-- ranks, O(log^2 N).
+local function end_slot(log, t0, c)
+  local last = newest(log)
+  if not last then
+    return t0
+  end
+  local t = math.max(t0, last)
+  local s0 = log.nsent
+  local n = redis.call('ZCARD', log.L) - s0
+  for _, q in ipairs(log.q) do
+    local room = q.limit - c -- the most that may lie after t - W
+    local y = nil -- the first entry instant with at most room after it
+    if not has_c(log) then
+      if n > room then
+        y = tonumber(redis.call('ZRANGE', log.L, s0 + n - room - 1, s0 + n - room - 1, 'WITHSCORES')[2])
+      end
+    elseif sum(log, -1, last) > room then
+      local lo, hi = s0, s0 + n - 1 -- at most log2(N) rounds
+      while lo < hi do
+        local mid = math.floor((lo + hi) / 2)
+        local s = tonumber(redis.call('ZRANGE', log.L, mid, mid, 'WITHSCORES')[2])
+        if sum(log, s, last) <= room then
+          hi = mid
+        else
+          lo = mid + 1
+        end
+      end
+      y = tonumber(redis.call('ZRANGE', log.L, lo, lo, 'WITHSCORES')[2])
+    end
+    if y then
+      t = math.max(t, y + q.w)
+    end
+  end
+  return t
+end
+
+-- earliest_on is the earliest instant >= t0 at which cost c fits on the log (bounded: t0,
+-- then the first K_CAND instants before the end slot where an entry leaves a window, then
+-- the end slot). With no entry after t0 and all of cost 1 it is exact in one call per
+-- quota: the k-th entry of the window leaving it, k = slots taken + c - limit.
+local function earliest_on(log, t0, c)
+  if fits(log, t0, c) then
+    return t0
+  end
+  if log.hiw <= t0 and not has_c(log) then
+    local t = t0
+    for _, q in ipairs(log.q) do
+      local k = sum(log, t0 - q.w, t0) + c - q.limit
+      if k == 1 then
+        local e = redis.call('ZRANGEBYSCORE', log.L, '(' .. fmt(t0 - q.w), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+        t = math.max(t, tonumber(e[2]) + q.w)
+      elseif k > 1 then -- by rank: an offset would walk k entries
+        local r = log.nsent + redis.call('ZCOUNT', log.L, FLOOR, fmt(t0 - q.w)) + k - 1
+        t = math.max(t, tonumber(redis.call('ZRANGE', log.L, r, r, 'WITHSCORES')[2]) + q.w)
+      end
+    end
+    return t
+  end
+  -- The end slot bounds the search: candidates after it cannot be earlier than it.
+  local last = end_slot(log, t0, c)
+  local cands = {}
+  for _, q in ipairs(log.q) do
+    local page = redis.call('ZRANGEBYSCORE', log.L, '(' .. fmt(t0 - q.w), fmt(last - q.w - 1), 'WITHSCORES', 'LIMIT', 0, K_CAND)
+    for i = 2, #page, 2 do
+      cands[#cands + 1] = tonumber(page[i]) + q.w
+    end
+  end
+  table.sort(cands)
+  local tried, prev = 0, nil
+  for _, t in ipairs(cands) do -- at most K_CAND checks
+    if t ~= prev then
+      if tried == K_CAND then
+        break
+      end
+      tried, prev = tried + 1, t
+      if fits(log, t, c) then
+        return t
+      end
+    end
+  end
+  return last
+end
+
+-- earliest is the earliest instant >= t0 at which cost c fits every log of logs: at most
+-- K_ITER rounds over them, else the latest of their end slots.
+local function earliest(logs, t0, c)
+  local t, settled, steps = t0, 0, 0
+  local i = 0
+  while steps < K_ITER * #logs do
+    i = i % #logs + 1
+    steps = steps + 1
+    local tj = earliest_on(logs[i], t, c)
+    if tj > t then
+      t, settled = tj, 1
+    else
+      settled = settled + 1
+    end
+    if settled >= #logs then
+      return t
+    end
+  end
+  t = t0
+  for _, log in ipairs(logs) do
+    t = math.max(t, end_slot(log, t0, c))
+  end
+  return t
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Writing a log
+
+-- c_room reports whether a weighted entry can be inserted at s: at most K_RENUM weighted
+-- entries lie after it.
+local function c_room(log, s)
+  if not has_c(log) then
+    return true
+  end
+  return redis.call('ZCOUNT', log.C, '(' .. fmt(s), '+inf') <= K_RENUM
+end
+
+-- c_shift rewrites the <cum> of C's entries in cms (with scores in ss) by delta and adds
+-- extra (a flat list of score, member) in the same ZADD. #cms <= K_RENUM + 1.
+local function c_shift(log, cms, ss, delta, extra)
+  if #cms > 0 then
+    redis.call('ZREM', log.C, unpack(cms))
+  end
+  local add = extra
+  for i, cm in ipairs(cms) do
+    add[#add + 1] = ss[i]
+    add[#add + 1] = cum_member(cum_of(cm) + delta, string.sub(cm, 17))
+  end
+  if #add > 0 then
+    redis.call('ZADD', log.C, unpack(add))
+  end
+end
+
+-- c_insert adds the weighted L member e of cost c at s to C (c_room must have said yes).
+local function c_insert(log, e, s, c)
+  local cms, ss, base = {}, {}, 0
+  if has_c(log) then
+    local after = redis.call('ZRANGEBYSCORE', log.C, '(' .. fmt(s), '+inf', 'WITHSCORES')
+    for i = 1, #after, 2 do -- at most K_RENUM
+      cms[#cms + 1], ss[#ss + 1] = after[i], after[i + 1]
+    end
+    local before = redis.call('ZREVRANGEBYSCORE', log.C, fmt(s), FLOOR, 'LIMIT', 0, 1)
+    if #before > 0 then
+      base = cum_of(before[1])
+    elseif #cms > 0 then
+      base = cum_of(cms[1]) - cost_of(string.sub(cms[1], 18)) + 1
+    end
+  end
+  c_shift(log, cms, ss, c - 1, {fmt(s), cum_member(base + c - 1, '|' .. e)})
+  if not has_c(log) then
+    log.flags = log.flags + 1
+  end
+end
+
+-- c_remove takes the weighted L member e of cost c at s out of C; false (nothing written)
+-- if more than K_RENUM entries would need a new <cum>.
+local function c_remove(log, e, s, c)
+  local here = redis.call('ZRANGEBYSCORE', log.C, fmt(s), fmt(s)) -- entries at one instant
+  local found, cms, ss = nil, {}, {}
+  for _, cm in ipairs(here) do
+    if found then
+      cms[#cms + 1], ss[#ss + 1] = cm, fmt(s)
+    elseif string.sub(cm, 18) == e then
+      found = cm
+    end
+  end
+  if not found then
+    return true
+  end
+  local after = redis.call('ZRANGEBYSCORE', log.C, '(' .. fmt(s), '+inf', 'WITHSCORES', 'LIMIT', 0, K_RENUM + 1)
+  if #cms + #after / 2 > K_RENUM then
+    return false
+  end
+  for i = 1, #after, 2 do
+    cms[#cms + 1], ss[#ss + 1] = after[i], after[i + 1]
+  end
+  redis.call('ZREM', log.C, found)
+  c_shift(log, cms, ss, 1 - c, {})
+  return true
+end
+
+-- put writes the L member e of cost c at s (c_room must have said yes for c > 1).
+local function put(log, e, s, c)
+  if c > 1 then
+    c_insert(log, e, s, c)
+  end
+  log.add[#log.add + 1] = fmt(s)
+  log.add[#log.add + 1] = e
+  log.hiw = math.max(log.hiw, s)
+  log.dirty = true
+end
+
+-- flush sends the ZADDs put queued (they must precede reads of L).
+local function flush(log)
+  if #log.add > 0 then
+    redis.call('ZADD', log.L, unpack(log.add)) -- a few values per call
+    log.add = {}
+  end
+end
+
+-- drop removes the L member e of cost c at s; a weighted one whose removal would rewrite
+-- too many <cum>s is renamed to a "~" entry, which counts until it leaves its window.
+local function drop(log, e, s, c)
+  flush(log)
+  if c > 1 and not c_remove(log, e, s, c) then
+    redis.call('ZADD', log.L, fmt(s), '~' .. c .. ':' .. string.sub(e, string.find(e, ':', 1, true) + 1) .. '@' .. fmt(s))
+  end
+  redis.call('ZREM', log.L, e)
+  log.dirty = true
+end
+
+-- finish completes the writes to a log decided at now: the queued entries, the trim of
+-- what is at or before now - its longest window (also in C: removing C's front keeps every
+-- later <cum> difference right), its sentinels, and TTLs that outlast every entry by the
+-- longest window (and the claim timeout, with reservations).
+local function finish(log, now, claim_timeout)
+  if not log.dirty then
+    return
+  end
+  local floor = fmt(now - log.wmax)
+  if has_c(log) then
+    redis.call('ZREMRANGEBYSCORE', log.C, FLOOR, floor)
+    if redis.call('ZCARD', log.C) == 0 then
+      log.flags = log.flags - 1
+    end
+  end
+  if log.p_removed and has_p(log) and redis.call('ZCARD', log.P) == 0 then
+    log.flags = log.flags - 4
+  end
+  log.hw = math.max(log.hw, now)
+  local add = log.add
+  local flags = log.flags - log.flags % 4 + log.flags % 2 -- bits 1 and 4, "#f" below
+  if log.hiw > log.hw then
+    flags = flags + 2
+  end
+  add[#add + 1] = fmt(8 * log.hw + flags - BASE)
+  add[#add + 1] = '#'
+  if log.hiw > log.hw then
+    add[#add + 1] = fmt(log.hiw - BASE)
+    add[#add + 1] = '#f'
+  elseif log.has_f then
+    redis.call('ZREM', log.L, '#f')
+  end
+  redis.call('ZADD', log.L, unpack(add))
+  log.add = {}
+  redis.call('ZREMRANGEBYSCORE', log.L, FLOOR, floor)
+  local ttl = math.max(log.hiw, now) - now + log.wmax
+  if has_p(log) then
+    ttl = ttl + claim_timeout
+    redis.call('PEXPIRE', log.P, ttl)
+  end
+  if has_c(log) then
+    redis.call('PEXPIRE', log.C, ttl)
+  end
+  redis.call('PEXPIRE', log.L, ttl)
+  log.dirty = false
+end
+
+-- grow sets a per-type key's TTL to at least ttl: many logs share it, so never shorten it.
+local function grow(key, ttl)
+  redis.call('PEXPIRE', key, ttl, 'NX')
+  redis.call('PEXPIRE', key, ttl, 'GT')
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Reservations
+
+-- lease_parse returns the cost, scopes ("t" tenant, "y" type, in log order), tenant and
+-- holder of a lease record.
+local function lease_parse(rec)
+  local cost, scopes, n, rest = string.match(rec, '^(%d+):(%a+):%d+:(%d+):(.*)$')
+  n = tonumber(n)
+  return tonumber(cost), scopes, string.sub(rest, n + 1), string.sub(rest, 1, n)
+end
+
+local function token_of(pm)
+  return string.sub(pm, string.find(pm, ':', 1, true) + 1)
+end
+
+-- unreserve takes the pending reservation pm, at s, off the log.
+local function unreserve(log, pm, s)
+  redis.call('ZREM', log.P, pm)
+  log.p_removed = true
+  drop(log, '@' .. pm, s, cost_of('@' .. pm))
+end
+
+-- reserve puts the pending reservation pm at s on the log (c_room must have said yes).
+local function reserve(log, pm, s)
+  put(log, '@' .. pm, s, cost_of('@' .. pm))
+  redis.call('ZADD', log.P, fmt(s), pm)
+  if not has_p(log) then
+    log.flags = log.flags + 4
+  end
+end
+
+-- lapse removes up to K_LAPSE reservations of the log that were pending at now -
+-- claim_timeout or before.
+local function lapse(log, now, claim_timeout, leases, fairq)
+  if not has_p(log) then
+    return
+  end
+  local gone = redis.call('ZRANGEBYSCORE', log.P, FLOOR, fmt(now - claim_timeout), 'WITHSCORES', 'LIMIT', 0, K_LAPSE)
+  for i = 1, #gone, 2 do
+    unreserve(log, gone[i], tonumber(gone[i + 1]))
+    local token = token_of(gone[i])
+    redis.call('HDEL', leases, token)
+    if fairq then
+      redis.call('ZREM', fairq, token)
+    end
+  end
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Release (op "r"): give up a token's reservation on every log it holds.
+
+if ARGV[1] == 'r' then
+  local leases, token = KEYS[1], ARGV[2]
+  local base = string.sub(leases, 1, #leases - 6) -- "<prefix>:{<type>}:"
+  local rec = redis.call('HGET', leases, token)
+  if not rec then
+    return 0
+  end
+  local cost, scopes, tenant = lease_parse(rec)
+  local pm = cost .. ':' .. token
+  local held = 0
+  for i = 1, #scopes do -- at most 2 logs
+    local part = string.sub(scopes, i, i) == 'y' and 'type' or ('tenant:' .. tenant)
+    local log = new_log(base .. part, base .. 'pending:' .. part, base .. 'costs:' .. part)
+    log.add = {}
+    load(log)
+    local s = has_p(log) and redis.call('ZSCORE', log.P, pm)
+    if s then
+      held = 1
+      unreserve(log, pm, tonumber(s))
+    end
+  end
+  redis.call('HDEL', leases, token)
+  redis.call('ZREM', base .. 'fair', token)
+  return held
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Decide (op "d")
+
+local caller, server_ms, skewed = read_clock()
+local member = ARGV[2]
+local cost, wait, claim_timeout, claim_wait, weight = 1, 0, DEFAULT_CLAIM_TIMEOUT, 0, 1
+local token, holder, tenant = '', '', ''
+if ARGV[5] ~= '' then
+  -- "<cost>:<wait>:<claim timeout>:<claim wait>:<weight>:<n>:<token><n>:<holder><tenant>"
+  local c, w, ct, cw, wt, n, rest = string.match(ARGV[5], '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(.*)$')
+  cost, wait, claim_timeout, claim_wait, weight = tonumber(c), tonumber(w), tonumber(ct), tonumber(cw), tonumber(wt)
+  token = string.sub(rest, 1, tonumber(n))
+  local hn, tail = string.match(string.sub(rest, tonumber(n) + 1), '^(%d+):(.*)$')
+  holder, tenant = string.sub(tail, 1, tonumber(hn)), string.sub(tail, tonumber(hn) + 1)
+end
+local m = #KEYS
+local base = string.match(KEYS[1], '^.-}:')
+local LEASES, FAIRQ, FAIRH = base .. 'leases', base .. 'fair', base .. 'fairstate'
+local type_log = 0
+local logs = {}
 for j = 1, m do
-  if redis.call('ZSCORE', KEYS[j], '1:' .. member) then
-    replay = true
+  local part = string.sub(KEYS[j], #base + 1)
+  logs[j] = new_log(KEYS[j], base .. 'pending:' .. part, base .. 'costs:' .. part)
+  logs[j].add = {}
+  if part == 'type' then
+    type_log = j
+  end
+end
+local quotas = {}
+local nq = math.floor((#ARGV - 5) / 3)
+for i = 1, nq do
+  local log = logs[nq == 1 and 1 or string.byte(ARGV[#ARGV], i) - 48]
+  local q = {limit = tonumber(ARGV[3 + 3 * i]), w = tonumber(ARGV[4 + 3 * i]), log = log}
+  log.q[#log.q + 1] = q
+  log.wmax = math.max(log.wmax, q.w)
+  quotas[#quotas + 1] = q
+end
+local tlog = type_log > 0 and logs[type_log] or nil
+
+-- An admission is in every log of its call and stays longest in the one with the longest
+-- window: the replay check looks there.
+local replay_log = logs[1]
+for j = 2, m do
+  if logs[j].wmax > replay_log.wmax then
+    replay_log = logs[j]
+  end
+end
+local am = cost > 1 and ('*' .. cost .. ':' .. member) or member -- the admission's L member
+local replayed_at = nil
+local now = caller
+for j = 1, m do
+  local s = load(logs[j], logs[j] == replay_log and am or nil)
+  if s then
+    replayed_at = tonumber(s)
+  end
+  now = math.max(now, logs[j].hw)
+end
+
+-- count_at is the slots q's window ending at `at` holds after this call's writes: fits
+-- measured it before an admission of pre slots, or it is counted now.
+local function count_at(q, at, pre)
+  if pre and q.lo_at == at then
+    return q.lo + pre
+  end
+  return sum(q.log, at - q.w, at)
+end
+
+local function reply(allowed, replay, binding, count, at, retry, reserved, held)
+  return {allowed + 2 * replay + 4 * skewed + 8 * reserved + 16 * held, count, retry, at, binding, server_ms}
+end
+
+-- admitted replies to an admission at `at`: the quota with the fewest slots left in its
+-- window ending there binds (the first on ties). pre: see count_at.
+local function admitted(at, replay, pre, was_held)
+  local binding, count, left = 1, 0, nil
+  for i, q in ipairs(quotas) do
+    local c = count_at(q, at, pre)
+    if left == nil or q.limit - c < left then
+      binding, count, left = i, c, q.limit - c
+    end
+  end
+  return reply(1, replay, binding, count, at, 0, 0, was_held)
+end
+
+if replayed_at then
+  return admitted(replayed_at, 1, nil, 0)
+end
+
+for j = 1, m do
+  lapse(logs[j], now, claim_timeout, LEASES, j == type_log and FAIRQ or nil)
+end
+
+local function finish_all()
+  for j = 1, m do
+    finish(logs[j], now, claim_timeout)
+  end
+end
+
+-- This event's reservation: pending at one instant in every log, or not at all (after a
+-- change of rule, the rest of it is given up).
+local pm = cost .. ':' .. token
+local held_at = nil
+if token ~= '' then
+  local seen, whole = {}, true
+  for j = 1, m do
+    local s = has_p(logs[j]) and redis.call('ZSCORE', logs[j].P, pm)
+    seen[j] = s and tonumber(s)
+    if not seen[j] or (seen[1] and seen[j] ~= seen[1]) then
+      whole = false
+    end
+  end
+  if whole then
+    held_at = seen[1]
+  else
+    local any = false
+    for j = 1, m do
+      if seen[j] then
+        unreserve(logs[j], pm, seen[j])
+        any = true
+      end
+    end
+    if any and tlog then
+      redis.call('ZREM', FAIRQ, token)
+    end
+  end
+end
+local held = held_at and 1 or 0
+
+-- fair_claimed moves the type quota's virtual time to the tag of a claimed reservation.
+local function fair_claimed()
+  if tlog then
+    local tag = redis.call('ZSCORE', FAIRQ, token)
+    if tag then
+      redis.call('ZREM', FAIRQ, token)
+      if tonumber(tag) > tonumber(redis.call('HGET', FAIRH, 'v') or '0') then
+        redis.call('HSET', FAIRH, 'v', tag)
+      end
+    end
+  end
+  redis.call('HDEL', LEASES, token)
+end
+
+if held_at and held_at > now + claim_wait then
+  -- Not due yet: come back at the reservation's instant.
+  finish_all()
+  return reply(0, 0, 1, count_at(quotas[1], now, nil), now, held_at - caller, 1, 1)
+end
+if held_at and held_at >= now then
+  -- Claimed ahead or on time: the reservation becomes the admission, in place.
+  for j = 1, m do
+    local log = logs[j]
+    redis.call('ZREM', log.P, pm)
+    log.p_removed = true
+    redis.call('ZREM', log.L, '@' .. pm)
+    put(log, am, held_at, 1) -- cost 1: a weighted entry keeps its C entry, renamed below
+    if cost > 1 then
+      for _, cm in ipairs(redis.call('ZRANGEBYSCORE', log.C, fmt(held_at), fmt(held_at))) do
+        if string.sub(cm, 18) == '@' .. pm then
+          redis.call('ZREM', log.C, cm)
+          redis.call('ZADD', log.C, fmt(held_at), string.sub(cm, 1, 17) .. am)
+        end
+      end
+    end
+  end
+  fair_claimed()
+  finish_all()
+  return admitted(held_at, 0, nil, 1)
+end
+if held_at then
+  -- Late, within the claim timeout: decide afresh, without its own reservation.
+  for j = 1, m do
+    unreserve(logs[j], pm, held_at)
+  end
+  for j = 1, m do
+    flush(logs[j])
+  end
+end
+
+-- placeable is the earliest instant >= t0 at which the event fits and can be written: for
+-- cost > 1, with at most K_RENUM weighted entries after it in every log, else the earliest
+-- after the newest of them.
+local function placeable(t0)
+  local t = earliest(logs, t0, cost)
+  if cost == 1 then
+    return t
+  end
+  local after = nil
+  for j = 1, m do
+    if not c_room(logs[j], t) then
+      local r = redis.call('ZRANGE', logs[j].C, -1, -1, 'WITHSCORES')
+      after = math.max(after or t, tonumber(r[2]))
+    end
+  end
+  if after then
+    t = earliest(logs, after, cost)
+  end
+  return t
+end
+
+local t = placeable(now)
+if t <= now + (held_at and claim_wait or wait) then
+  for j = 1, m do
+    put(logs[j], am, t, cost)
+  end
+  if held_at then
+    fair_claimed()
+  end
+  finish_all()
+  return admitted(t, 0, t == now and cost or nil, held)
+end
+
+-- The binding quota of a denial: the first with no room at now.
+local binding = nil
+for i, q in ipairs(quotas) do
+  if q.lo_at ~= now then
+    q.lo, q.lo_at = sum(q.log, now - q.w, now), now
+  end
+  if q.lo + cost > q.limit then
+    binding = i
     break
   end
 end
-
--- This event's reservation: its entries "<c>@<token>" and, per log, their instant.
-local own = {}
-local own_at = {} -- per log j, the instant of this event's reservation in it
-local reserved_at = nil -- the latest of them: when the reservation is due
-if token ~= '' and not replay then
-  for c = 1, cost do
-    own[c] = c .. '@' .. token
-  end
-  for j = 1, m do
-    local raw = redis.call('ZSCORE', KEYS[m + j], own[1])
-    -- A reservation lapses one window after its instant (the grace only keeps it for
-    -- late callers to count): then the event waits again like a new one.
-    if raw and tonumber(raw) > now - longest[j] then
-      own_at[j] = tonumber(raw)
-      reserved_at = math.max(reserved_at or own_at[j], own_at[j])
+if not binding then
+  for i, q in ipairs(quotas) do -- room in the window ending at now, but not in one after
+    if not fits(q.log, now, cost) then
+      binding = i
+      break
     end
   end
 end
-local due = reserved_at ~= nil and reserved_at <= now
-local is_own = {}
-for _, e in ipairs(own) do
-  is_own[e] = true
+binding = binding or 1
+
+if token == '' then
+  finish_all()
+  return reply(0, 0, binding, count_at(quotas[binding], now, 0), now, t - caller, 0, held)
 end
 
--- kth_due is the k-th oldest entry blocking a due reservation on log j for a window of w:
--- entries in (now - w, now] other than its own, then admissions after now.
-local function kth_due(j, w, k)
-  local seen = 0
-  local page = redis.call('ZRANGEBYSCORE', KEYS[j], '(' .. fmt(now - w), now_arg, 'WITHSCORES', 'LIMIT', 0, k + cost)
+-- Reserve, at the fair rank on a type quota.
+local scopes = ''
+for j = 1, m do
+  scopes = scopes .. (j == type_log and 'y' or 't')
+end
+local tag = nil
+if tlog then
+  local fh = redis.call('HMGET', FAIRH, 'v', 'l:' .. tenant)
+  tag = math.max(tonumber(fh[1] or '0'), tonumber(fh[2] or '0')) + math.floor(cost * FAIR_UNIT / weight + 0.5)
+end
+
+local placed = false
+if tlog and cost == 1 then
+  -- The instant of the slot at the fair rank; there, or after, the first of K_FAIR
+  -- pending reservations (from the first at that instant: slots at one instant are alike)
+  -- that is another tenant's of cost 1, after now and before t, where our other quotas
+  -- have room.
+  local rank = redis.call('ZCOUNT', FAIRQ, '-inf', fmt(tag))
+  local at_rank = redis.call('ZRANGE', tlog.P, rank, rank, 'WITHSCORES')[2]
+  local page = at_rank and redis.call('ZRANGEBYSCORE', tlog.P, at_rank, '+inf', 'WITHSCORES', 'LIMIT', 0, K_FAIR) or {}
+  local tokens = {}
   for i = 1, #page, 2 do
-    if not is_own[page[i]] then
-      seen = seen + 1
-      if seen == k then
-        return tonumber(page[i + 1])
-      end
-    end
+    tokens[#tokens + 1] = token_of(page[i])
   end
-  -- Admissions after now come from callers whose clocks run ahead: few, among many
-  -- reservations. Look at a bounded page; past it, wait a whole window (safe, rare).
-  page = redis.call('ZRANGEBYSCORE', KEYS[j], '(' .. now_arg, '+inf', 'WITHSCORES', 'LIMIT', 0, 1000)
-  for i = 1, #page, 2 do
-    if is_admission(page[i]) then
-      seen = seen + 1
-      if seen == k then
-        return tonumber(page[i + 1])
-      end
+  local recs = #tokens > 0 and redis.call('HMGET', LEASES, unpack(tokens)) or {} -- at most K_FAIR
+  local v, sv, vtenant = nil, nil, nil
+  local roomy = {} -- per instant, whether our other logs have room there
+  for i = 1, #tokens do
+    local s = tonumber(page[2 * i])
+    if s >= t then
+      break
     end
-  end
-  return now
-end
-
-local retry_after = 0
-local binding = 1
-for q = 1, nq do
-  local j = logs[q]
-  local log = KEYS[j]
-  local floor = '(' .. fmt(now - windows[q])
-  local count
-  if replay or (reserved_at ~= nil and not due) then
-    count = redis.call('ZCOUNT', log, floor, '+inf')
-  elseif due then
-    -- Entries up to now, less this event's own reservation, plus admissions after now:
-    -- reservations behind this one do not block it.
-    count = redis.call('ZCOUNT', log, floor, now_arg)
-    if own_at[j] and own_at[j] > now - windows[q] and own_at[j] <= now then
-      count = count - cost
-    end
-    count = count + redis.call('ZCOUNT', log, '(' .. now_arg, '+inf')
-      - redis.call('ZCOUNT', KEYS[m + j], '(' .. now_arg, '+inf')
-  else
-    count = redis.call('ZCOUNT', log, floor, '+inf')
-  end
-  counts[q] = count
-  if replay then
-    -- nothing to decide
-  elseif reserved_at ~= nil and not due then
-    -- Not yet due: come back at the reservation's instant.
-    retry_after = reserved_at - now
-  elseif count + cost > limits[q] then
-    local k = count + cost - limits[q]
-    local kth
-    if due then
-      kth = kth_due(j, windows[q], k)
-    else
-      -- By rank, not by LIMIT offset: a backlog of reservations makes k large.
-      local rank = redis.call('ZCARD', log) - count + k - 1
-      kth = tonumber(redis.call('ZRANGE', log, rank, rank, 'WITHSCORES')[2])
-    end
-    local wait = math.max(kth + windows[q] - now, 1)
-    if wait > retry_after then
-      retry_after = wait
-      binding = q
-    end
-  end
-end
-
--- fair_slot looks for an earlier slot on the type-wide log for a denied event whose first
--- free instant there is at (quota q binding): the earliest reservation ahead of at, of cost
--- 1, whose owner holds at least two more reservations than this tenant in the window
--- ending at it, and whose instant this event's other quotas allow. It returns that
--- instant and the victim's token, or at and nil.
-local function fair_slot(at, q)
-  local w, limit = windows[q], limits[q]
-  local page = redis.call('ZRANGEBYSCORE', KEYS[m + type_log], '(' .. now_arg, '(' .. fmt(at),
-    'WITHSCORES', 'LIMIT', 0, 4 * limit)
-  if #page == 0 then
-    return at, nil
-  end
-  local ids, scores = {}, {}
-  for i = 1, #page, 2 do
-    ids[#ids + 1] = string.sub(page[i], string.find(page[i], '@', 1, true) + 1)
-    scores[#scores + 1] = tonumber(page[i + 1])
-  end
-  local held_by = redis.call('HMGET', owners, unpack(ids))
-  local mine_key = tag .. '/1'
-  local held = {} -- reservations per owner in the window (scores[i] - w, scores[i]]
-  local first, last = 1, 0
-  for i = 1, #ids do
-    while last < #ids and scores[last + 1] <= scores[i] do
-      last = last + 1
-      local owner = held_by[last] or ''
-      held[owner] = (held[owner] or 0) + 1
-    end
-    while scores[first] <= scores[i] - w do
-      local gone = held_by[first] or ''
-      held[gone] = held[gone] - 1
-      first = first + 1
-    end
-    local owner = held_by[i] or ''
-    if owner ~= mine_key and string.sub(owner, -2) == '/1' and held[owner] > (held[mine_key] or 0) + 1 then
-      local fits = true
-      for o = 1, nq do
-        if logs[o] ~= type_log and redis.call('ZCOUNT', KEYS[logs[o]],
-            '(' .. fmt(scores[i] - windows[o]), '+inf') + cost > limits[o] then
-          fits = false
+    local rec = recs[i]
+    if rec and s > now and string.sub(page[2 * i - 1], 1, 2) == '1:' then
+      local vcost, vscopes, vt = lease_parse(rec)
+      if vcost == 1 and vscopes == scopes and vt ~= tenant then
+        if roomy[s] == nil then
+          roomy[s] = true
+          for j = 1, m do
+            if roomy[s] and j ~= type_log then
+              flush(logs[j])
+              roomy[s] = fits(logs[j], s, 1)
+            end
+          end
+        end
+        if roomy[s] then
+          v, sv, vtenant = page[2 * i - 1], s, vt
           break
         end
       end
-      if fits then
-        return scores[i], ids[i]
-      end
     end
   end
-  return at, nil
+  if v then
+    -- The displaced reservation's logs: the type log, and its tenant's under our quotas.
+    local vlogs = {}
+    for j = 1, m do
+      if j == type_log then
+        vlogs[j] = tlog
+      else
+        local part = 'tenant:' .. vtenant
+        local vl = new_log(base .. part, base .. 'pending:' .. part, base .. 'costs:' .. part)
+        vl.q, vl.wmax, vl.add = logs[j].q, logs[j].wmax, {}
+        load(vl)
+        vlogs[j] = vl
+      end
+    end
+    for j = 1, m do
+      unreserve(vlogs[j], v, sv)
+      reserve(logs[j], pm, sv)
+      flush(logs[j])
+      flush(vlogs[j])
+    end
+    local tv = earliest(vlogs, now, 1)
+    for j = 1, m do
+      reserve(vlogs[j], v, tv)
+      if j ~= type_log then
+        finish(vlogs[j], now, claim_timeout)
+      end
+    end
+    t, placed = sv, true
+  end
 end
-
-local allowed = 0
-local reserved = 0
-local newest = {}
-if replay then
-  allowed = 1
-elseif retry_after == 0 then
-  allowed = 1
-  local admitted = entries_of(':', member, now_arg)
+if not placed then
   for j = 1, m do
-    trim(j)
-    if reserved_at ~= nil then
-      redis.call('ZREM', KEYS[j], unpack(own))
-      redis.call('ZREM', KEYS[m + j], unpack(own))
-      if owners and j == type_log then
-        redis.call('HDEL', owners, token)
-      end
-    end
-    for first = 1, #admitted, 1000 do
-      redis.call('ZADD', KEYS[j], unpack(admitted, first, math.min(first + 999, #admitted)))
-    end
-    newest[j] = expire(j)
-  end
-  for q = 1, nq do
-    counts[q] = counts[q] + cost
-  end
-elseif token ~= '' then
-  reserved = 1
-  if reserved_at == nil then
-    local at = now + retry_after
-    local victim = nil
-    if owners and logs[binding] == type_log and cost == 1 then
-      at, victim = fair_slot(at, binding)
-    end
-    if victim then
-      -- The victim's slot is ours; it goes behind everything, as a new reservation would.
-      redis.call('ZREM', KEYS[type_log], '1@' .. victim)
-      redis.call('ZREM', KEYS[m + type_log], '1@' .. victim)
-    end
-    local held = entries_of('@', token, fmt(at))
-    for j = 1, m do
-      trim(j)
-      for first = 1, #held, 1000 do
-        local part = {unpack(held, first, math.min(first + 999, #held))}
-        redis.call('ZADD', KEYS[j], unpack(part))
-        redis.call('ZADD', KEYS[m + j], unpack(part))
-      end
-    end
-    if victim then
-      local q = binding
-      local count = redis.call('ZCOUNT', KEYS[type_log], '(' .. fmt(now - windows[q]), '+inf')
-      local rank = redis.call('ZCARD', KEYS[type_log]) - count + (count + 1 - limits[q]) - 1
-      local later = tonumber(redis.call('ZRANGE', KEYS[type_log], rank, rank, 'WITHSCORES')[2]) + windows[q]
-      later = math.max(later, at)
-      redis.call('ZADD', KEYS[type_log], later, '1@' .. victim)
-      redis.call('ZADD', KEYS[m + type_log], later, '1@' .. victim)
-    end
-    if owners then
-      redis.call('HSET', owners, token, tag .. '/' .. cost)
-    end
-    for j = 1, m do
-      newest[j] = expire(j)
-    end
-    retry_after = at - now
+    reserve(logs[j], pm, t)
   end
 end
 
-local reset = 0
-local fewest = nil
-for q = 1, nq do
-  local j = logs[q]
-  if newest[j] == nil then
-    newest[j] = tonumber(redis.call('ZRANGE', KEYS[j], -1, -1, 'WITHSCORES')[2] or -1)
-  end
-  if newest[j] >= 0 then
-    reset = math.max(reset, newest[j] + windows[q] - now)
-  end
-  if allowed == 1 and (fewest == nil or limits[q] - counts[q] < fewest) then
-    fewest = limits[q] - counts[q]
-    binding = q
-  end
+local created = server_ms
+if created == 0 then -- AllowAt does not read the clock; a lease records the server's
+  local t = redis.call('TIME')
+  created = t[1] * 1000 + math.floor(t[2] / 1000)
 end
-
-local remaining = math.max(limits[binding] - counts[binding], 0)
-local held = reserved_at ~= nil and 1 or 0
-return {allowed, replay and 1 or 0, binding, counts[binding], remaining, retry_after, reset, now, server_ms, skewed, reserved, held}
+redis.call('HSET', LEASES, token, cost .. ':' .. scopes .. ':' .. fmt(created) .. ':' .. #holder .. ':' .. holder .. tenant)
+local horizon = 0
+for j = 1, m do
+  horizon = math.max(horizon, math.max(t, logs[j].hiw) - now + logs[j].wmax + claim_timeout)
+end
+grow(LEASES, horizon)
+if tlog then
+  redis.call('ZADD', FAIRQ, fmt(tag), token)
+  redis.call('HSET', FAIRH, 'l:' .. tenant, fmt(tag))
+  grow(FAIRQ, horizon)
+  grow(FAIRH, horizon)
+end
+finish_all()
+return reply(0, 0, binding, count_at(quotas[binding], now, nil), now, t - caller, 1, held)

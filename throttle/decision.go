@@ -9,46 +9,62 @@ import (
 // Decision is the outcome of one Allow call.
 type Decision struct {
 	// Allowed reports that the event was admitted into every window log (or that this
-	// call replayed an admission already made: see Replay).
+	// call replayed an admission already made: see Replay). The event may start at At:
+	// after the call if Delay > 0.
 	Allowed bool
 	// Replay reports that the request's Member was already admitted, so nothing was
 	// written: a retried call never takes a second slot.
 	Replay bool
-	// Quota is the quota that decided: on a denial the one that needs the longest wait;
-	// when allowed the one with the fewest slots left.
+	// Quota is the quota that decided: on a denial the first with no room at the decision
+	// instant; when allowed the one with the fewest slots left in its window ending at At.
 	Quota Quota
-	// Count is the number of slots in use in Quota's window after this call.
+	// Count is the number of slots in use in Quota's window ending at At, after this call.
 	Count int
-	// Remaining is the number of slots still free in Quota's window after this call.
+	// Remaining is Quota's limit minus Count, at least 0.
 	Remaining int
-	// RetryAfter is zero when Allowed; otherwise the wait, at least 1ms, until every quota
-	// has room for the request's cost if nothing else is admitted meanwhile.
+	// RetryAfter is zero when Allowed; otherwise the wait, at least 1ms, from the caller's
+	// clock at the call until the event may be admitted: until its reservation's instant
+	// if Reserved, else until every quota would have room if nothing else were admitted.
 	RetryAfter time.Duration
+	// Delay is how long after the call, on the caller's clock, an admitted event may start:
+	// zero for an admission now; the wait until a slot at most Request.MaxWait (or, coming
+	// back for a reservation, Request.ClaimWait) ahead, for which the event was admitted;
+	// or the few milliseconds by which the caller's clock is behind the log's (see At).
+	Delay time.Duration
 	// Reserved reports that the denied event holds a reservation (Request.Reservation) at
-	// RetryAt: called again then with the same Reservation, it is admitted unless
-	// admissions made since leave no room.
+	// RetryAt: called again with the same Reservation up to Request.ClaimWait before that
+	// instant (or on time), it is admitted for it.
 	Reserved bool
 	// Held reports that the event already held a reservation when the call began: it came
 	// back for a slot it was given earlier (whether or not it is due yet).
 	Held bool
-	// ResetAfter is how long until every quota's window is empty if nothing more is
-	// admitted.
-	ResetAfter time.Duration
-	// At is the instant the decision was made for: the caller's clock (or the now given to
-	// AllowAt), or the Redis server's TIME with ClockRedis. An admission is logged at At.
+	// At is the instant the decision was made for, and an admission logged at: the
+	// caller's clock (or the now given to AllowAt), or the Redis server's TIME with
+	// ClockRedis; or the latest instant another call wrote the logs at, if the caller's
+	// clock is behind it (so no window is ever counted after another call trimmed it); or,
+	// for an admission for a later slot, that slot.
 	At time.Time
-	// ServerTime is the Redis server's TIME during the call, to observe clock skew.
+	// ServerTime is the Redis server's TIME during the call, to observe clock skew; the
+	// zero Time when the call did not read it: after AllowAt (its instant is deliberate),
+	// and on a denial that wrote nothing (TIME is read, for the skew check, only before a
+	// write: a read-only denial cannot corrupt a log whatever the caller's clock).
 	ServerTime time.Time
 	// SkewFallback reports that the caller's clock was further than Config.MaxSkew from
 	// ServerTime, so the decision was made, and logged, at ServerTime instead.
 	SkewFallback bool
 
-	skew time.Duration // caller's clock minus ServerTime; 0 with ClockRedis
+	skew   time.Duration // caller's clock minus ServerTime; 0 with ClockRedis
+	called time.Time     // the caller's clock at the call (At, unless the logs' high-water was later)
 }
 
-// RetryAt is the instant the request can first be admitted: At + RetryAfter. It is At
-// when Allowed.
-func (d Decision) RetryAt() time.Time { return d.At.Add(d.RetryAfter) }
+// RetryAt is the instant the request can first be admitted, on the caller's clock: the
+// caller's instant at the call plus RetryAfter. It is At when Allowed.
+func (d Decision) RetryAt() time.Time {
+	if d.Allowed {
+		return d.At
+	}
+	return d.called.Add(d.RetryAfter)
+}
 
 // Skew is how far the caller's clock (or the time given to AllowAt) was ahead of the Redis
 // server's TIME during the call (negative: behind), to one millisecond, including the

@@ -2,9 +2,7 @@ package throttle
 
 import (
 	"fmt"
-	"hash/fnv"
 	"net/url"
-	"strconv"
 )
 
 // Key names the business context of one event: its task type and its tenant.
@@ -67,39 +65,51 @@ const DefaultPrefix = "throttle"
 // escaped with url.PathEscape, which escapes '{', '}', '%', '/', spaces, control bytes and
 // non-ASCII, and keeps ':' readable. So the hash tag (the text between the first '{' and
 // the next '}', all that Redis Cluster hashes) is exactly the escaped task type: never
-// empty, never cut short by a tenant, so every log of a type lands in one slot. The tenant
+// empty, never cut short by a tenant, so every key of a type lands in one slot. The tenant
 // is the whole tail after ":tenant:", and escaping is injective, so no (type, tenant) pair
 // spells another's key.
 //
-// The reservations held in a log (see Request.Reservation) are mirrored in a second set,
-// reservationKey, whose name puts "reserved:" after the hash tag: no log key has it there.
+// Beside each log, two sets put a word of their own after the hash tag, where log keys
+// have "tenant:" or "type": pendingKey and costsKey. A task type has three more keys:
+// leasesKey, fairQueueKey and fairStateKey.
+// Limiter.TryLock's locks put "lock:" there: "<prefix>:{<task type>}:lock:<name>".
 func redisKey(prefix string, key Key, scope Scope) string {
-	return prefix + ":{" + url.PathEscape(key.TaskType) + "}:" + scopePart(key, scope)
+	return keyBase(prefix, key.TaskType) + scopePart(key, scope)
 }
 
-// reservationKey returns the Redis key of the set that mirrors the reservations held in
-// the window log redisKey(prefix, key, scope):
+// keyBase is "<prefix>:{<escaped task type>}:", the start of every key of the type.
+func keyBase(prefix, taskType string) string {
+	return prefix + ":{" + url.PathEscape(taskType) + "}:"
+}
+
+// pendingKey returns the key of the sorted set of the reservations pending (not yet
+// claimed) in the log redisKey(prefix, key, scope), scored by their instants:
 //
-//	<prefix>:{<task type>}:reserved:tenant:<tenant>   ScopeTenant
-//	<prefix>:{<task type>}:reserved:type              ScopeType
-func reservationKey(prefix string, key Key, scope Scope) string {
-	return prefix + ":{" + url.PathEscape(key.TaskType) + "}:reserved:" + scopePart(key, scope)
+//	<prefix>:{<task type>}:pending:tenant:<tenant>   ScopeTenant
+//	<prefix>:{<task type>}:pending:type              ScopeType
+func pendingKey(prefix string, key Key, scope Scope) string {
+	return keyBase(prefix, key.TaskType) + "pending:" + scopePart(key, scope)
 }
 
-// ownersKey returns the Redis key of the hash that names the tenant of each reservation
-// on the type-wide log of key's task type, for fairness between tenants:
-//
-//	<prefix>:{<task type>}:owners
-func ownersKey(prefix string, key Key) string {
-	return prefix + ":{" + url.PathEscape(key.TaskType) + "}:owners"
+// costsKey returns the key of the sorted set that carries, as running sums, the costs of
+// the log's entries of cost > 1: "costs:" after the hash tag, as in pendingKey.
+func costsKey(prefix string, key Key, scope Scope) string {
+	return keyBase(prefix, key.TaskType) + "costs:" + scopePart(key, scope)
 }
 
-// tenantTag is a short, fixed-size name for tenant in the owners hash: the FNV-1a hash of
-// the tenant in hex. Two tenants with one tag would only share a fair share.
-func tenantTag(tenant string) string {
-	h := fnv.New64a()
-	h.Write([]byte(tenant))
-	return strconv.FormatUint(h.Sum64(), 16)
+// leasesKey returns the key of the hash that records every reservation of a task type
+// (its cost, scopes, tenant and holder), so that it can be released by its token alone:
+// "<prefix>:{<task type>}:leases".
+func leasesKey(prefix, taskType string) string { return keyBase(prefix, taskType) + "leases" }
+
+// fairQueueKey returns the key of the sorted set of the fair tags of the reservations
+// pending on a task type's type-wide log: "<prefix>:{<task type>}:fair".
+func fairQueueKey(prefix, taskType string) string { return keyBase(prefix, taskType) + "fair" }
+
+// fairStateKey returns the key of the hash with the type-wide log's virtual time and each
+// tenant's latest fair tag: "<prefix>:{<task type>}:fairstate".
+func fairStateKey(prefix, taskType string) string {
+	return keyBase(prefix, taskType) + "fairstate"
 }
 
 func scopePart(key Key, scope Scope) string {

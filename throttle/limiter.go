@@ -2,14 +2,16 @@ package throttle
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/rs/xid"
 
 	"github.com/asynq-throttle/asynq-throttle/lua"
 )
@@ -43,15 +45,28 @@ type Config struct {
 	// nor stall, and can be seen (package worker logs it and counts it). Defaults to 1s;
 	// negative disables the check. AllowAt never checks: its time is deliberate.
 	//
-	// Entries are kept 2 x MaxSkew (2s by default, also when the check is off) beyond
-	// their window: a call stamped by a clock that is behind can reach Redis after one
-	// stamped later, and must still count every entry of its own window.
+	// Within MaxSkew, a call whose clock is behind the latest instant a window log was
+	// written at is decided at that instant instead (Decision.At, Decision.Delay): logs are
+	// trimmed only up to that instant minus their window, so no call ever counts a window
+	// another call has trimmed, and a log keeps no entry beyond its longest window.
 	MaxSkew time.Duration
+	// AutoPipeline sends the script calls through go-redis's automatic pipelining
+	// (redis.Client.AutoPipeline, go-redis v9.22+): decisions made at once by many
+	// goroutines share round trips, so Redis spends less time per decision on reading
+	// and writing sockets. The autopipeliner is closed with the client. Supported for a
+	// *redis.Client and a *redis.ClusterClient; New returns an error for other clients.
+	AutoPipeline bool
 }
 
 // DefaultMaxSkew is Config.MaxSkew when left zero: NTP keeps clocks within milliseconds,
 // so a second off means a broken clock, and still leaves room for a slow round trip.
 const DefaultMaxSkew = time.Second
+
+// DefaultClaimTimeout is Request.ClaimTimeout when left zero.
+const DefaultClaimTimeout = 5 * time.Second
+
+// MaxWeight is the largest Request.Weight.
+const MaxWeight = 1_000_000
 
 // Request is one event to decide.
 type Request struct {
@@ -61,44 +76,70 @@ type Request struct {
 	// share one window log, so "10/1s and 500/1h per tenant" is two ScopeTenant quotas.
 	Quotas []Quota
 	// Cost is the number of slots the event takes in every quota. Defaults to 1 when
-	// zero; otherwise it must be between 1 and the smallest quota's Events.
+	// zero; otherwise it must be between 1 and the smallest quota's Events. Whatever the
+	// cost, the event is one entry in each log.
 	Cost int
-	// Member is the event's id in the window logs. Defaults to a fresh xid. Pass the same
-	// Member to repeat a call whose reply was lost: an admission is never made twice.
+	// Member is the event's id in the window logs: at most 200 bytes, not starting with
+	// '@', '*', '~' or '#'. Defaults to NewMember(), 96 random bits. Pass the same Member
+	// to repeat a call whose reply was lost: an admission is never made twice.
 	Member string
 	// Reservation, if set, is the id of the waiting task the event belongs to (an asynq
-	// task id). A denied event then holds a reservation: the first instant at which every
-	// quota has room, counting the reservations of the events denied before it, becomes
-	// its own, and RetryAfter says when that is. Called again with the same Reservation,
-	// it is admitted from that instant on, before any event without a reservation, and
-	// reservations behind it do not block it. A reservation that is never used stops
-	// counting one window after its instant. Empty: a denial writes nothing.
+	// task id). A denied event then reserves the earliest instant at which every quota has
+	// room, counting every slot promised before, and RetryAfter says when that is. Called
+	// again with the same Reservation (and Cost) from ClaimWait before that instant, it is
+	// admitted for it; a little late, it is decided afresh without its own reservation.
+	// A reservation not claimed within ClaimTimeout after its instant stops counting.
+	// Empty: a denial writes nothing.
 	Reservation string
+	// Holder names, for a Reservation, what holds it (package worker: the asynq queue and
+	// task id), so that Limiter.Reservations can tell who to ask whether it still exists.
+	Holder string
+	// Weight is the tenant's share of a ScopeType quota: tenants with waiting tasks get its
+	// slots in proportion to their weights (see the fairness section of the README).
+	// Defaults to 1; at most MaxWeight.
+	Weight int
+	// MaxWait is how far ahead a slot may be for an event to be admitted for it rather than
+	// denied: Decision.Allowed with Decision.Delay > 0, and the caller must not start the
+	// event before the delay has passed. Zero: admitted only for now.
+	MaxWait time.Duration
+	// ClaimWait is MaxWait for an event coming back for its Reservation: from ClaimWait
+	// before the reserved instant on, it is admitted for that instant. Zero: only at or
+	// after the instant.
+	ClaimWait time.Duration
+	// ClaimTimeout is how long after its instant a reservation may still be claimed; then it
+	// lapses and stops counting. Defaults to DefaultClaimTimeout.
+	ClaimTimeout time.Duration
 }
 
 // ErrInvalid matches, under errors.Is, every error that Allow returns for a request that
-// could never be decided: no task type, no quota, a bad Limit or Scope, or a cost outside
-// [1, Events]. Such errors are returned before any Redis command is sent.
+// could never be decided: no task type, no quota, a bad Limit or Scope, a cost outside
+// [1, Events], a bad Member, Weight or wait, or an instant outside 1970-2109. Such errors
+// are returned before any Redis command is sent.
 var ErrInvalid = errors.New("throttle: invalid request")
 
 // ErrCostOverLimit matches (as well as ErrInvalid) the error for a request whose cost is
 // more than some quota's Events: no window could ever admit it, so it must not be retried.
 var ErrCostOverLimit = errors.New("throttle: cost exceeds limit")
 
+// maxMS bounds every instant, window and wait (2^42 ms, about 139 years): the script keeps
+// instants exact in a double and encodes its sentinels below -2^50.
+const maxMS = 1 << 42
+
 // Limiter decides events against sliding-window logs in Redis. It is safe for concurrent
 // use by multiple goroutines.
 type Limiter struct {
 	rdb     redis.UniversalClient
+	run     redis.Scripter // rdb, or its autopipeliner
 	prefix  string
 	clock   Clock
 	now     func() time.Time
 	maxSkew time.Duration // <= 0: no check
-	grace   time.Duration // how long entries outlive their window
 }
 
 // New returns a Limiter that keeps its window logs in rdb: a single node, a Sentinel
 // failover client or a Redis Cluster client. It returns an error if cfg.Prefix contains
-// '{' or '}' or cfg.Clock is unknown.
+// '{' or '}', cfg.Clock is unknown, or cfg.AutoPipeline is set for a client that has no
+// autopipeliner.
 func New(rdb redis.UniversalClient, cfg Config) (*Limiter, error) {
 	if strings.ContainsAny(cfg.Prefix, "{}") {
 		return nil, fmt.Errorf("throttle: prefix %q must not contain '{' or '}': they would move the Redis Cluster hash tag", cfg.Prefix)
@@ -106,15 +147,25 @@ func New(rdb redis.UniversalClient, cfg Config) (*Limiter, error) {
 	if cfg.Clock != ClockLocal && cfg.Clock != ClockRedis {
 		return nil, fmt.Errorf("throttle: unknown Clock %d", cfg.Clock)
 	}
-	l := &Limiter{rdb: rdb, prefix: cfg.Prefix, clock: cfg.Clock, now: cfg.NowFunc, maxSkew: cfg.MaxSkew}
+	l := &Limiter{rdb: rdb, run: rdb, prefix: cfg.Prefix, clock: cfg.Clock, now: cfg.NowFunc, maxSkew: cfg.MaxSkew}
+	if cfg.AutoPipeline {
+		var ap *redis.AutoPipeliner
+		var err error
+		switch c := rdb.(type) {
+		case *redis.Client:
+			ap, err = c.AutoPipeline()
+		case *redis.ClusterClient:
+			ap, err = c.AutoPipeline()
+		default:
+			err = fmt.Errorf("%T has no autopipeliner", rdb)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("throttle: AutoPipeline: %w", err)
+		}
+		l.run = ap
+	}
 	if l.maxSkew == 0 {
 		l.maxSkew = DefaultMaxSkew
-	}
-	// Two callers within MaxSkew of the server are within 2 x MaxSkew of each other: the
-	// one behind must still find the entries of its whole window after the other trimmed.
-	l.grace = 2 * DefaultMaxSkew
-	if l.maxSkew > 0 {
-		l.grace = 2 * l.maxSkew
 	}
 	if l.prefix == "" {
 		l.prefix = DefaultPrefix
@@ -125,53 +176,114 @@ func New(rdb redis.UniversalClient, cfg Config) (*Limiter, error) {
 	return l, nil
 }
 
+// NewMember returns a fresh event id: 12 bytes from crypto/rand (96 random bits) in
+// base64url, 16 characters. Unlike an xid (4 bytes of time, 3 of machine id, 2 of process
+// id and a 3-byte counter), two processes cannot repeat one except by a 2^-96 chance,
+// whatever their hosts and process ids.
+func NewMember() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
 // Allow decides req now: by the local clock, or by the Redis server's TIME with
 // ClockRedis. A denial is a Decision with Allowed false, not an error. The error is
 // ErrInvalid (before any Redis call) or a Redis error; on an error the Decision is the zero
 // value and must never be read as an admission.
 func (l *Limiter) Allow(ctx context.Context, req Request) (Decision, error) {
 	if l.clock == ClockRedis {
-		return l.decide(ctx, req, "", 0)
+		return l.decide(ctx, req, 0, true, 0)
 	}
-	return l.decide(ctx, req, strconv.FormatInt(l.now().UnixMilli(), 10), l.maxSkew)
+	return l.decide(ctx, req, l.now().UnixMilli(), false, l.maxSkew)
 }
 
 // AllowAt decides req as of now, whatever the Config's Clock: tests drive time with it.
 // now is truncated to the millisecond. Errors are as for Allow.
 func (l *Limiter) AllowAt(ctx context.Context, req Request, now time.Time) (Decision, error) {
-	return l.decide(ctx, req, strconv.FormatInt(now.UnixMilli(), 10), 0)
+	return l.decide(ctx, req, now.UnixMilli(), false, 0)
 }
 
-// Cancel gives up req's reservation (req.Reservation, with req's Key, Quotas and Cost),
-// so that the slot it held goes to the next event instead of staying blocked for a
-// window. It is a no-op without a reservation. The error is ErrInvalid or Redis's.
+// Cancel gives up req's reservation (req.Reservation, of req.Key's task type), so that the
+// slot it held goes to the next event instead of staying blocked. It is a no-op without a
+// reservation. The error is ErrInvalid or Redis's.
 func (l *Limiter) Cancel(ctx context.Context, req Request) error {
-	cost, err := validate(req)
-	if err != nil || req.Reservation == "" {
+	if _, err := validate(req); err != nil || req.Reservation == "" {
 		return err
 	}
-	entries := make([]any, cost)
-	for c := range cost {
-		entries[c] = strconv.Itoa(c+1) + "@" + req.Reservation // a reservation's entries, as sliding_window.lua names them
+	_, err := l.Release(ctx, req.Key.TaskType, req.Reservation)
+	return err
+}
+
+// Release gives up the reservation of token on taskType's logs, whatever its tenant,
+// quotas and cost (the lease records them), and reports whether there was one. The error
+// is ErrInvalid for an empty task type or token, or Redis's.
+func (l *Limiter) Release(ctx context.Context, taskType, token string) (bool, error) {
+	if taskType == "" || token == "" {
+		return false, fmt.Errorf("%w: release needs a task type and a token", ErrInvalid)
 	}
-	_, err = l.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		done := map[Scope]bool{}
-		for _, q := range req.Quotas {
-			if !done[q.Scope] {
-				done[q.Scope] = true
-				p.ZRem(ctx, l.RedisKey(req.Key, q.Scope), entries...)
-				p.ZRem(ctx, reservationKey(l.prefix, req.Key, q.Scope), entries...)
+	n, err := lua.SlidingWindow.Run(ctx, l.run, []string{leasesKey(l.prefix, taskType)}, "r", token).Int64()
+	if err != nil {
+		return false, fmt.Errorf("throttle: release reservation %q of %s: %w", token, taskType, err)
+	}
+	return n == 1, nil
+}
+
+// Reservation is a reservation held on a task type's logs, as Limiter.Reservations lists it.
+type Reservation struct {
+	Token   string    // Request.Reservation
+	Key     Key       // its task type and tenant
+	Cost    int       // slots it takes in every quota
+	Holder  string    // Request.Holder
+	Created time.Time // the Redis server's TIME when it was reserved, to the millisecond
+}
+
+// Reservations calls fn for every reservation held on taskType's logs, in no particular
+// order, reading them in pages (HSCAN) until fn returns false or none are left. A
+// reservation made or claimed meanwhile may be listed or not. The error is ErrInvalid for
+// an empty task type, or Redis's.
+func (l *Limiter) Reservations(ctx context.Context, taskType string, fn func(Reservation) bool) error {
+	if taskType == "" {
+		return fmt.Errorf("%w: reservations need a task type", ErrInvalid)
+	}
+	key := leasesKey(l.prefix, taskType)
+	var cursor uint64
+	for {
+		kv, next, err := l.rdb.HScan(ctx, key, cursor, "*", 200).Result()
+		if err != nil {
+			return fmt.Errorf("throttle: list reservations of %s: %w", taskType, err)
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			r, ok := parseLease(taskType, kv[i], kv[i+1])
+			if ok && !fn(r) {
+				return nil
 			}
 		}
-		if done[ScopeType] {
-			p.HDel(ctx, ownersKey(l.prefix, req.Key), req.Reservation)
+		if next == 0 {
+			return nil
 		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("throttle: cancel reservation %q of %s for tenant %q: %w", req.Reservation, req.Key.TaskType, req.Key.Tenant, err)
+		cursor = next
 	}
-	return nil
+}
+
+// parseLease reads a lease record, "<cost>:<scopes>:<created ms>:<n>:<holder><tenant>"
+// with the holder n bytes long and the tenant escaped (sliding_window.lua writes it).
+func parseLease(taskType, token, rec string) (Reservation, bool) {
+	parts := strings.SplitN(rec, ":", 5)
+	if len(parts) != 5 {
+		return Reservation{}, false
+	}
+	cost, err1 := strconv.Atoi(parts[0])
+	created, err2 := strconv.ParseInt(parts[2], 10, 64)
+	n, err3 := strconv.Atoi(parts[3])
+	if err1 != nil || err2 != nil || err3 != nil || n < 0 || n > len(parts[4]) {
+		return Reservation{}, false
+	}
+	tenant, err := url.PathUnescape(parts[4][n:])
+	if err != nil {
+		return Reservation{}, false
+	}
+	return Reservation{Token: token, Key: Key{TaskType: taskType, Tenant: tenant}, Cost: cost,
+		Holder: parts[4][:n], Created: time.UnixMilli(created)}, true
 }
 
 // RedisKey returns the Redis key of the window log that holds key's events at scope, of
@@ -179,66 +291,100 @@ func (l *Limiter) Cancel(ctx context.Context, req Request) error {
 // with both parts escaped by url.PathEscape.
 func (l *Limiter) RedisKey(key Key, scope Scope) string { return redisKey(l.prefix, key, scope) }
 
-// decide runs the script for req at nowMS ("" for the server's TIME), falling back to the
-// server's TIME if nowMS is more than maxSkew (when > 0) from it.
-func (l *Limiter) decide(ctx context.Context, req Request, nowMS string, maxSkew time.Duration) (Decision, error) {
+// decide runs the script for req at nowMS (or the server's TIME, with serverClock),
+// falling back to the server's TIME if nowMS is more than maxSkew (when > 0) from it.
+func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverClock bool, maxSkew time.Duration) (Decision, error) {
 	cost, err := validate(req)
 	if err != nil {
 		return Decision{}, err
 	}
+	if !serverClock && (nowMS < 0 || nowMS >= maxMS) {
+		return Decision{}, fmt.Errorf("%w: %s for tenant %q: instant %s is outside 1970-2109", ErrInvalid,
+			req.Key.TaskType, req.Key.Tenant, time.UnixMilli(nowMS).UTC().Format(time.RFC3339Nano))
+	}
 	member := req.Member
 	if member == "" {
-		member = xid.New().String()
+		member = NewMember()
+	}
+	weight := max(req.Weight, 1)
+	claimTimeout := req.ClaimTimeout
+	if claimTimeout == 0 {
+		claimTimeout = DefaultClaimTimeout
 	}
 	var keys []string
-	var scopes []Scope
-	var tenantLog, typeLog int // 1-based index into keys, 0 while unused
-	args := make([]any, 8, 8+3*len(req.Quotas))
-	args[0], args[1], args[2], args[3], args[4] = nowMS, member, cost, max(maxSkew.Milliseconds(), 0), req.Reservation
-	args[6], args[7] = tenantTag(req.Key.Tenant), l.grace.Milliseconds()
+	var tenantLog, typeLog int // 1-based log indexes, 0 while unused
+	args := make([]any, 5, 6+3*len(req.Quotas))
+	qlogs := make([]byte, 0, len(req.Quotas))
 	for _, q := range req.Quotas {
 		slot := &tenantLog
 		if q.Scope == ScopeType {
 			slot = &typeLog
 		}
 		if *slot == 0 {
-			keys = append(keys, l.RedisKey(req.Key, q.Scope))
-			scopes = append(scopes, q.Scope)
+			keys = append(keys, redisKey(l.prefix, req.Key, q.Scope))
 			*slot = len(keys)
 		}
-		args = append(args, *slot, q.Limit.Events, q.Limit.Window.Milliseconds())
+		w := q.Limit.Window.Milliseconds()
+		args = append(args, q.Limit.Events, w, nowMS-w) // now - w: a bound the script need not format
+		qlogs = append(qlogs, byte('0'+*slot))
 	}
-	args[5] = typeLog
-	for _, scope := range scopes { // trimmed with their logs, reservation or not
-		keys = append(keys, reservationKey(l.prefix, req.Key, scope))
+	if len(req.Quotas) > 1 {
+		args = append(args, string(qlogs))
 	}
-	if req.Reservation != "" && typeLog > 0 {
-		keys = append(keys, ownersKey(l.prefix, req.Key))
+	now, sentinel := "", ""
+	if !serverClock {
+		now, sentinel = strconv.FormatInt(nowMS, 10), strconv.FormatInt(8*nowMS-1<<51, 10)
 	}
-	r, err := lua.SlidingWindow.Run(ctx, l.rdb, keys, args...).Int64Slice()
+	// extra is empty for the commonest call; the script's header documents its fields.
+	extra := ""
+	if cost != 1 || req.Reservation != "" || req.MaxWait != 0 || claimTimeout != DefaultClaimTimeout {
+		extra = fmt.Sprintf("%d:%d:%d:%d:%d:%d:%s%d:%s%s", cost, req.MaxWait.Milliseconds(), claimTimeout.Milliseconds(),
+			req.ClaimWait.Milliseconds(), weight, len(req.Reservation), req.Reservation, len(req.Holder), req.Holder,
+			url.PathEscape(req.Key.Tenant))
+	}
+	args[0], args[1], args[2], args[3], args[4] = now, member, sentinel, max(maxSkew.Milliseconds(), 0), extra
+	r, err := lua.SlidingWindow.Run(ctx, l.run, keys, args...).Int64Slice()
 	if err != nil {
 		return Decision{}, fmt.Errorf("throttle: allow %s for tenant %q: %w", req.Key.TaskType, req.Key.Tenant, err)
 	}
-	if len(r) != 12 || r[2] < 1 || int(r[2]) > len(req.Quotas) {
+	binding := int64(1)
+	if len(r) > 4 {
+		binding = r[4]
+	}
+	if len(r) < 4 || binding < 1 || int(binding) > len(req.Quotas) {
 		return Decision{}, fmt.Errorf("throttle: allow %s for tenant %q: malformed script reply %v", req.Key.TaskType, req.Key.Tenant, r)
 	}
-	d := Decision{
-		Allowed:      r[0] == 1,
-		Replay:       r[1] == 1,
-		Quota:        req.Quotas[r[2]-1],
-		Count:        int(r[3]),
-		Remaining:    int(r[4]),
-		RetryAfter:   time.Duration(r[5]) * time.Millisecond,
-		ResetAfter:   time.Duration(r[6]) * time.Millisecond,
-		At:           time.UnixMilli(r[7]),
-		ServerTime:   time.UnixMilli(r[8]),
-		SkewFallback: r[9] == 1,
-		Reserved:     r[10] == 1,
-		Held:         r[11] == 1,
+	code, quota := r[0], req.Quotas[binding-1]
+	serverMS := int64(0)
+	if len(r) > 5 {
+		serverMS = r[5]
 	}
-	if nowMS != "" {
-		ms, _ := strconv.ParseInt(nowMS, 10, 64)
-		d.skew = time.Duration(ms-r[8]) * time.Millisecond
+	skewed := code&4 != 0
+	called := nowMS
+	if serverClock || skewed { // the script decided by the server's TIME
+		called = serverMS
+	}
+	d := Decision{
+		Allowed:      code&1 != 0,
+		Replay:       code&2 != 0,
+		SkewFallback: skewed,
+		Reserved:     code&8 != 0,
+		Held:         code&16 != 0,
+		Quota:        quota,
+		Count:        int(r[1]),
+		Remaining:    max(quota.Limit.Events-int(r[1]), 0),
+		RetryAfter:   time.Duration(r[2]) * time.Millisecond,
+		At:           time.UnixMilli(r[3]),
+		called:       time.UnixMilli(called),
+	}
+	if serverMS > 0 { // the script read the server's TIME
+		d.ServerTime = time.UnixMilli(serverMS)
+		if !serverClock {
+			d.skew = time.Duration(nowMS-serverMS) * time.Millisecond
+		}
+	}
+	if d.Allowed && !d.Replay {
+		d.Delay = max(d.At.Sub(d.called), 0)
 	}
 	return d, nil
 }
@@ -261,9 +407,23 @@ func validate(req Request) (int, error) {
 	if cost < 1 {
 		return 0, invalid("cost %d is less than 1", cost)
 	}
+	if len(req.Member) > 200 || req.Member != "" && strings.ContainsAny(req.Member[:1], "@*~#") {
+		return 0, invalid("member %q: at most 200 bytes, not starting with '@', '*', '~' or '#'", req.Member)
+	}
+	if req.Weight < 0 || req.Weight > MaxWeight {
+		return 0, invalid("weight %d is outside [1, %d]", req.Weight, MaxWeight)
+	}
+	for name, d := range map[string]time.Duration{"MaxWait": req.MaxWait, "ClaimWait": req.ClaimWait, "ClaimTimeout": req.ClaimTimeout} {
+		if d < 0 || d.Milliseconds() >= maxMS {
+			return 0, invalid("%s %s is negative or too long", name, d)
+		}
+	}
 	for _, q := range req.Quotas {
 		if err := q.Validate(); err != nil {
 			return 0, invalid("%v", err)
+		}
+		if q.Limit.Window.Milliseconds() >= maxMS || q.Limit.Events >= maxMS {
+			return 0, invalid("quota %s is too large", q)
 		}
 		if cost > q.Limit.Events {
 			return 0, fmt.Errorf("%w: %w", invalid("cost %d exceeds quota %s", cost, q), ErrCostOverLimit)
