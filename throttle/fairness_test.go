@@ -3,93 +3,128 @@ package throttle_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-// TestLimiter_AllowAt_fairTypeQuota: a type-wide quota of 10 per second; tenant A's
-// backlog of 1,000 tasks reserves the next 99 seconds at t=0. Tenant B's 10 tasks, denied
-// at t=500, do not wait behind that backlog: each takes the earliest slot where A holds at
-// least two more reservations than B in the window, so B gets half of the next two
-// windows: 5 slots at t=1000 and 5 at t=2000. The 10 A reservations displaced move behind
-// the backlog, and no window ever holds more than 10.
-func TestLimiter_AllowAt_fairTypeQuota(t *testing.T) {
-	t.Parallel()
-	l, rdb := newLimiterClient(t, throttle.Config{})
-	ctx := context.Background()
-	quota := []throttle.Quota{typeQuota(10, time.Second)}
-	req := func(tenant, id string) throttle.Request {
-		return throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: tenant}, Quotas: quota, Reservation: id}
-	}
-	// slots maps each reserved instant (ms) to the reservation ids held there.
-	slots := map[int64][]string{}
-	for i := range 1000 {
-		d := allowAt(t, l, req("A", fmt.Sprintf("A-%d", i)), 0)
-		switch {
-		case i < 10:
-			if !d.Allowed {
-				t.Fatalf("A-%d denied at t=0: %+v", i, d)
-			}
-		case !d.Reserved:
-			t.Fatalf("A-%d not reserved: %+v", i, d)
-		default:
-			if want := msd(int64(i/10) * 1000); d.RetryAfter != want {
-				t.Fatalf("A-%d reserved %v ahead, want %v", i, d.RetryAfter, want)
-			}
-		}
-	}
-	for i := range 10 {
-		id := fmt.Sprintf("B-%d", i)
-		d := allowAt(t, l, req("B", id), 500)
-		want := msd(500) // t=1000
-		if i >= 5 {
-			want = msd(1500) // t=2000
-		}
-		if !d.Reserved || d.RetryAfter != want {
-			t.Errorf("%s: reserved=%v retry-after %v, want a reservation %v ahead", id, d.Reserved, d.RetryAfter, want)
-		}
-	}
+// Fairness on a type quota (core v2, rule 5): tenants with waiting tasks share its slots in
+// proportion to their weights, and a share left unused goes to the others.
 
-	// Every reservation's instant, from the reservation set of the type-wide log.
-	entries, err := rdb.ZRangeWithScores(ctx, "throttle:{api:call}:reserved:type", 0, -1).Result()
+// fairBacklog makes tenant A's 1,000 tasks at t=0 (10 admitted, 990 reserved 10 per
+// second over the next 99 seconds: alone, A uses every slot) and tenant B's 10 at t=500,
+// with weights wA and wB, under type=10/1s. It returns, per reserved instant (ms), how
+// many of the pending reservations each tenant holds there, and the limiter and client.
+func fairBacklog(t *testing.T, wA, wB int) (map[int64]map[string]int, *throttle.Limiter, *redis.Client) {
+	t.Helper()
+	rdb := redistest.Start(t)
+	l, err := throttle.New(rdb, throttle.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	perTenant := map[int64]map[byte]int{}
-	for _, z := range entries {
-		at := int64(z.Score)
-		if perTenant[at] == nil {
-			perTenant[at] = map[byte]int{}
-		}
-		perTenant[at][z.Member.(string)[2]]++ // "1:A-17" -> 'A'
-		slots[at] = append(slots[at], z.Member.(string))
+	quota := []throttle.Quota{typeQuota(10, time.Second)}
+	req := func(tenant string, i, w int) throttle.Request {
+		return throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: tenant}, Quotas: quota,
+			Reservation: fmt.Sprintf("%s-%d", tenant, i), Weight: w}
 	}
+	for i := range 1000 {
+		d := allowAtV2(t, l, req("A", i, wA), 0)
+		switch {
+		case i < 10 && !d.Allowed:
+			t.Fatalf("A-%d denied at t=0: %+v", i, d)
+		case i >= 10 && (!d.Reserved || d.RetryAfter != msDuration(int64(i/10)*1000)):
+			t.Fatalf("A-%d: %+v; want a reservation at t=%d", i, d, i/10*1000)
+		}
+	}
+	for i := range 10 {
+		if d := allowAtV2(t, l, req("B", i, wB), 500); !d.Reserved {
+			t.Fatalf("B-%d at t=500: %+v, want a reservation", i, d)
+		}
+	}
+	pending, err := rdb.ZRangeWithScores(context.Background(), "throttle:{api:call}:pending:type", 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pending) != 1000 {
+		t.Errorf("%d reservations pending, want 1000 (990 of A, 10 of B)", len(pending))
+	}
+	slots := map[int64]map[string]int{}
+	var instants []time.Time
+	for _, z := range pending {
+		at := int64(z.Score)
+		if slots[at] == nil {
+			slots[at] = map[string]int{}
+		}
+		tenant, _, _ := strings.Cut(strings.TrimPrefix(z.Member.(string), "1:"), "-")
+		slots[at][tenant]++
+		instants = append(instants, time.UnixMilli(at))
+	}
+	for range 10 { // the admissions at t=0
+		instants = append(instants, time.UnixMilli(0))
+	}
+	if most := throttle.MaxInWindow(instants, time.Second); most != 10 {
+		t.Errorf("the fullest 1s window holds %d slots, want 10 (the limit, never more)", most)
+	}
+	return slots, l, rdb
+}
+
+// TestLimiter_AllowAt_fairTypeQuota: with equal weights, B's 10 tasks arriving at t=500
+// behind A's 990 reservations get 5 of the 10 slots at t=1000 and 5 at t=2000 (A's tag
+// order interleaved with B's), not the slots after A's backlog at t=100000; the 10 A
+// reservations displaced go to the end, at t=100000. B's tasks come back and run.
+func TestLimiter_AllowAt_fairTypeQuota(t *testing.T) {
+	t.Parallel()
+	slots, l, _ := fairBacklog(t, 1, 1)
 	for _, c := range []struct {
 		at   int64
 		a, b int
 	}{{1000, 5, 5}, {2000, 5, 5}, {3000, 10, 0}, {99000, 10, 0}, {100000, 10, 0}} {
-		if got := perTenant[c.at]; got['A'] != c.a || got['B'] != c.b {
-			t.Errorf("slot t=%d holds A=%d B=%d, want A=%d B=%d", c.at, got['A'], got['B'], c.a, c.b)
+		if got := slots[c.at]; got["A"] != c.a || got["B"] != c.b {
+			t.Errorf("t=%d: A holds %d slots and B %d, want %d and %d", c.at, got["A"], got["B"], c.a, c.b)
 		}
 	}
-	if len(entries) != 1000 {
-		t.Errorf("%d reservations, want 1000 (990 of A, 10 of B)", len(entries))
-	}
-	for at, ids := range slots {
-		if len(ids) > 10 {
-			t.Errorf("t=%d holds %d reservations, more than the limit 10", at, len(ids))
-		}
-	}
-	// B's tasks come back at their instants and run.
+	quota := []throttle.Quota{typeQuota(10, time.Second)}
 	for i := range 10 {
-		at := int64(1000)
-		if i >= 5 {
-			at = 2000
+		at := int64(1000 + i/5*1000)
+		d := allowAtV2(t, l, throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: "B"}, Quotas: quota,
+			Reservation: fmt.Sprintf("B-%d", i)}, at)
+		if !d.Allowed || !d.Held || !d.At.Equal(time.UnixMilli(at)) {
+			t.Errorf("B-%d back at t=%d: %+v, want admitted for its reservation", i, at, d)
 		}
-		if d := allowAt(t, l, req("B", fmt.Sprintf("B-%d", i)), at); !d.Allowed {
-			t.Errorf("B-%d at t=%d: %+v, want admitted", i, at, d)
+	}
+}
+
+// TestLimiter_AllowAt_fairTypeQuotaWeighted: with weight 1 for A and 3 for B, B gets 3 of
+// every 4 slots while both wait: in slot order B B B A B B B A B B | A B ..., so 8 of the
+// 10 slots at t=1000 and 2 at t=2000.
+func TestLimiter_AllowAt_fairTypeQuotaWeighted(t *testing.T) {
+	t.Parallel()
+	slots, _, rdb := fairBacklog(t, 1, 3)
+	for _, c := range []struct {
+		at   int64
+		a, b int
+	}{{1000, 2, 8}, {2000, 8, 2}, {3000, 10, 0}, {100000, 10, 0}} {
+		if got := slots[c.at]; got["A"] != c.a || got["B"] != c.b {
+			t.Errorf("t=%d: A holds %d slots and B %d, want %d and %d", c.at, got["A"], got["B"], c.a, c.b)
 		}
+	}
+	// The tags say the order: B's are 1/3 of A's apart.
+	tags, err := rdb.ZRangeWithScores(context.Background(), "throttle:{api:call}:fair", 0, 13).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for _, z := range tags {
+		tenant, _, _ := strings.Cut(z.Member.(string), "-")
+		order = append(order, tenant)
+	}
+	if want := strings.Split("B B B A B B B A B B B A B A", " "); !slices.Equal(order, want) {
+		t.Errorf("fair order %v, want %v", order, want)
 	}
 }

@@ -2,45 +2,41 @@ package throttle_test
 
 import (
 	"cmp"
-	"context"
-	"flag"
 	"fmt"
-	"hash/fnv"
-	"maps"
-	"math/rand/v2"
+	"math"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-// A reference model of the limiter, written from the contract (DESIGN.md section 3 and the
-// header of lua/sliding_window.lua), not from the script: every window log, reservation
-// set and owners hash is a plain Go value, and each rule of the contract is a few lines of
-// Go next to the sentence it implements. Where the header leaves a detail open (which
-// quota binds on a tie, where the fair share's displaced reservation goes, how far a due
-// reservation looks for admissions after now), the model does what the script's comments
-// say it does, and says so. TestLimiter_AllowAt_matchesModel drives the model and a real
-// redis-server with the same random requests and requires the same decisions, the same
-// sets and the same TTLs after every call; the TestLimiter_AllowAt_* tests below it replay
-// short fixed sequences.
+// A reference model of the limiter, written from the contract in lua/sliding_window.lua's
+// header and DESIGN.md section 3b, not from the script's code: every window log, pending
+// set, cost set, lease and fair tag is a plain Go value, every count is a plain sum of
+// costs over a slice (no running sums), and the rule "an event fits at t iff every window
+// containing t holds at most limit - cost" is a loop over windows. The stated bounds
+// (K_SCAN entries read by an exact check, K_CAND instants tried, K_ITER rounds, K_LAPSE
+// lapses removed per call, K_RENUM running sums rewritten) are the contract's too, so the
+// model applies them where the contract says. TestLimiter_AllowAt_matchesModel drives the
+// model and a real redis-server with the same random calls and requires the same
+// decisions, the same sets and the same TTLs after every call.
 
-var (
-	modelSeed  = flag.Uint64("model.seed", 0, "TestLimiter_AllowAt_matchesModel: run only this seed (0: the fixed seeds)")
-	modelSteps = flag.Int("model.steps", 2000, "TestLimiter_AllowAt_matchesModel: requests per seed")
+// The contract's bounds (lua/sliding_window.lua).
+const (
+	modelKScan  = 64
+	modelKCand  = 4
+	modelKIter  = 3
+	modelKLapse = 8
+	modelKRenum = 32
+	modelKFair  = 8
+	modelFair   = 1_000_000
+	modelBase   = 1 << 51 // sentinels score -2^51 + ...
 )
 
-// modelSeeds are the seeds the test runs by default: fixed, so that a run is reproducible.
-var modelSeeds = []uint64{1, 2, 3, 4, 5}
-
-// modelLog names one window log: a task type's log (ScopeType, tenant "") or a tenant's.
+// modelLog names one window log: a task type's (ScopeType, tenant "") or a tenant's.
 type modelLog struct {
 	taskType string
 	scope    throttle.Scope
@@ -54,110 +50,396 @@ func modelLogOf(key throttle.Key, scope throttle.Scope) modelLog {
 	return modelLog{taskType: key.TaskType, scope: scope, tenant: key.Tenant}
 }
 
-// modelEntry is one entry of a window log or of a reservation set: an admission of cost c
-// by member m is the entries "1:m" .. "c:m" scored at the admission's instant; a
-// reservation of cost c for token T is "1@T" .. "c@T" scored at the reserved instant, in
-// the log and in the reservation set beside it (the script's header documents both).
+// keys returns the Redis keys of the log, its pending set and its cost set.
+func (id modelLog) keys(prefix string) (log, pending, costs string) {
+	base := prefix + ":{" + url.PathEscape(id.taskType) + "}:"
+	part := "type"
+	if id.scope == throttle.ScopeTenant {
+		part = "tenant:" + url.PathEscape(id.tenant)
+	}
+	return base + part, base + "pending:" + part, base + "costs:" + part
+}
+
+// modelEntry is one entry of a window log: one event, whatever its cost.
 type modelEntry struct {
-	score    int64 // ms
-	name     string
-	reserved bool // a reservation, not an admission (what Redis cannot tell apart)
+	score int64
+	name  string // the L member: "<id>", "*<cost>:<id>", "@<cost>:<token>" or "~..."
+	cost  int
+	// For cost > 1, the entry's C member is "<cum>|<cname>"; entries at one instant are in C
+	// in the order they were inserted (seq).
+	cname string
+	cum   int64
+	seq   int64
 }
 
-func (e modelEntry) String() string {
-	if e.reserved {
-		return fmt.Sprintf("%d:%q(R)", e.score, e.name)
-	}
-	return fmt.Sprintf("%d:%q", e.score, e.name)
-}
+// modelSet is a window log's entries in the order of a Redis sorted set: by score, then
+// by member, byte by byte.
+type modelSet []*modelEntry
 
-// modelNames returns the entry names of an event of cost c with id: "1<sep>id" ..
-// "c<sep>id", sep ":" for an admission and "@" for a reservation.
-func modelNames(sep, id string, cost int) []string {
-	names := make([]string, cost)
-	for c := range names {
-		names[c] = strconv.Itoa(c+1) + sep + id
-	}
-	return names
-}
-
-// compareModelEntries orders entries as a Redis sorted set does: by score, then by name
-// byte by byte.
-func compareModelEntries(a, b modelEntry) int {
+func compareEntries(a, b *modelEntry) int {
 	return cmp.Or(cmp.Compare(a.score, b.score), strings.Compare(a.name, b.name))
 }
 
-// modelSet is a sorted set: entries unique by name, sorted by compareModelEntries.
-type modelSet []modelEntry
-
-// put adds e, or moves the entry of that name to e's score, as ZADD does.
-func (s modelSet) put(e modelEntry) modelSet {
-	s = slices.DeleteFunc(s, func(x modelEntry) bool { return x.name == e.name })
-	i, _ := slices.BinarySearchFunc(s, e, compareModelEntries)
-	return slices.Insert(s, i, e)
-}
-
-func (s modelSet) find(name string) (modelEntry, bool) {
-	i := slices.IndexFunc(s, func(x modelEntry) bool { return x.name == name })
-	if i < 0 {
-		return modelEntry{}, false
+func (s modelSet) find(name string) *modelEntry {
+	for _, e := range s {
+		if e.name == name {
+			return e
+		}
 	}
-	return s[i], true
+	return nil
 }
 
-// trimFloor is the highest score a write at now trims from a log whose longest window
-// (among the request's quotas on it) is w, and from the reservation set beside it: the
-// header's "a write removes the entries scored at or before now_ms - longest window -
-// grace_ms". Rule 1 alone would trim at now - w; TestLimiter_AllowAt_callerBehindAfterTrim
-// shows why the entries must outlive their window by how far a caller's clock may be
-// behind.
-func (m *model) trimFloor(now, w int64) int64 { return now - w - m.grace }
-
-// trim drops the entries scored at or before floor, as ZREMRANGEBYSCORE -inf floor does.
-func (s modelSet) trim(floor int64) modelSet {
-	return slices.DeleteFunc(s, func(x modelEntry) bool { return x.score <= floor })
+// sum is the total cost of the entries scored in (a, b].
+func (s modelSet) sum(a, b int64) int {
+	n := 0
+	for _, e := range s {
+		if e.score > a && e.score <= b {
+			n += e.cost
+		}
+	}
+	return n
 }
 
-func (s modelSet) newest() int64 { return s[len(s)-1].score }
+// weighted returns the entries of cost > 1 in their C order: by score, then by seq.
+func (s modelSet) weighted() []*modelEntry {
+	var w []*modelEntry
+	for _, e := range s {
+		if e.cost > 1 {
+			w = append(w, e)
+		}
+	}
+	slices.SortFunc(w, func(a, b *modelEntry) int { return cmp.Or(cmp.Compare(a.score, b.score), cmp.Compare(a.seq, b.seq)) })
+	return w
+}
 
-// model is every window log, reservation set and owners hash, in memory, and the grace
-// (ms) the limiter passes as ARGV[8].
+// modelState is one log's state between calls.
+type modelState struct {
+	entries modelSet
+	pending map[string]int64 // "<cost>:<token>" -> instant
+	hw, hiw int64            // -1: never written
+	flagC   bool             // C may hold entries
+	flagP   bool             // P may hold entries
+}
+
+// modelLease is a lease record, without its creation instant (the server's clock).
+type modelLease struct {
+	cost   int
+	scopes string // "t" and "y" in log order
+	holder string
+	tenant string // escaped
+}
+
+// model is every log and per-type record, in memory.
 type model struct {
-	grace    int64
-	logs     map[modelLog]modelSet
-	reserved map[modelLog]modelSet        // the reservation set beside each log
-	owners   map[string]map[string]string // per task type: reservation token -> "<tenant tag>/<cost>"
+	notes  map[string]int // how often each path of the contract was taken
+	prefix string
+	logs   map[modelLog]*modelState
+	leases map[string]map[string]modelLease // task type -> token -> lease
+	fairq  map[string]map[string]int64      // task type -> token -> tag
+	fairh  map[string]map[string]string     // task type -> "v", "l:<tenant>" -> value
+	seq    int64
 }
 
-func newModel(grace int64) *model {
-	return &model{grace: grace, logs: map[modelLog]modelSet{}, reserved: map[modelLog]modelSet{}, owners: map[string]map[string]string{}}
+func newModel(prefix string) *model {
+	return &model{notes: map[string]int{}, prefix: prefix, logs: map[modelLog]*modelState{}, leases: map[string]map[string]modelLease{},
+		fairq: map[string]map[string]int64{}, fairh: map[string]map[string]string{}}
 }
 
-// modelGrace is the grace (ms) a Limiter made with cfg passes to the script: 2 x MaxSkew,
-// and 2 x DefaultMaxSkew when MaxSkew is zero (the default) or negative (the check off),
-// as Config.MaxSkew documents.
-func modelGrace(cfg throttle.Config) int64 {
-	skew := cfg.MaxSkew
-	if skew <= 0 {
-		skew = throttle.DefaultMaxSkew
+func (m *model) state(id modelLog) *modelState {
+	s := m.logs[id]
+	if s == nil {
+		s = &modelState{pending: map[string]int64{}, hw: -1, hiw: -1}
+		m.logs[id] = s
 	}
-	return 2 * skew.Milliseconds()
+	return s
 }
 
-// modelTag is the tenant's tag in the owners hash: FNV-1a (64 bits) of the tenant, in hex.
-func modelTag(tenant string) string {
-	h := fnv.New64a()
-	h.Write([]byte(tenant))
-	return strconv.FormatUint(h.Sum64(), 16)
+func perType[V any](mm map[string]map[string]V, taskType string) map[string]V {
+	if mm[taskType] == nil {
+		mm[taskType] = map[string]V{}
+	}
+	return mm[taskType]
+}
+
+// modelQuota is a quota of a call on its log, in ms.
+type modelQuota struct {
+	index        int // in the request
+	limit        int
+	w            int64
+	lo           int // the slots of the window ending at loAt, when last measured
+	loAt         int64
+	measuredOnce bool
+}
+
+// callLog is a log as one call sees it: its state and the call's quotas on it.
+type callLog struct {
+	m        *model
+	id       modelLog
+	st       *modelState
+	q        []*modelQuota
+	wmax     int64
+	dirty    bool
+	pRemoved bool
+}
+
+// costOf is the cost an L member stands for.
+func costOf(name string) int {
+	if name != "" && strings.ContainsRune("@*~", rune(name[0])) {
+		n, _ := strconv.Atoi(name[1:strings.IndexByte(name, ':')])
+		return n
+	}
+	return 1
+}
+
+// fits: cost c fits at t in every quota of the log (the contract's check, with its two
+// bounds and K_SCAN).
+func (cl *callLog) fits(t int64, c int) bool {
+	for _, q := range cl.q {
+		lo := cl.st.entries.sum(t-q.w, t)
+		q.lo, q.loAt, q.measuredOnce = lo, t, true
+		if lo+c > q.limit {
+			return false
+		}
+		if hi := cl.st.entries.sum(t-q.w, t+q.w-1); hi+c > q.limit {
+			cl.m.notes["exactCheck"]++
+			if !cl.exact(q, t, c) {
+				return false
+			}
+			cl.m.notes["exactCheckRoom"]++
+		}
+	}
+	return true
+}
+
+// exact: every window (x - w, x], t <= x < t + w, has room for c; if more than K_SCAN
+// entries can share a window with t, no.
+func (cl *callLog) exact(q *modelQuota, t int64, c int) bool {
+	var near []*modelEntry
+	for _, e := range cl.st.entries {
+		if e.score > t-q.w && e.score <= t+q.w-1 {
+			near = append(near, e)
+		}
+	}
+	if len(near) > modelKScan {
+		cl.m.notes["exactOverKScan"]++
+		return false
+	}
+	for x := t; x < t+q.w; x++ { // every window: the model does not look for the fullest
+		if modelSet(near).sum(x-q.w, x)+c > q.limit {
+			return false
+		}
+	}
+	return true
+}
+
+// endSlot: the first t >= t0 and >= the newest entry with room for c in every quota.
+func (cl *callLog) endSlot(t0 int64, c int) int64 {
+	es := cl.st.entries
+	if len(es) == 0 {
+		return t0
+	}
+	last := es[len(es)-1].score
+	t := max(t0, last)
+	for _, q := range cl.q {
+		room := q.limit - c
+		if es.sum(-1, last) <= room {
+			continue
+		}
+		// The first entry instant y with at most room after it.
+		for _, e := range es {
+			if es.sum(e.score, last) <= room {
+				t = max(t, e.score+q.w)
+				break
+			}
+		}
+	}
+	return t
+}
+
+// earliestOn: t0 if c fits there, else the first of K_CAND distinct instants e + W (e an
+// entry after t0 - W) before the end slot at which it fits, else the end slot.
+func (cl *callLog) earliestOn(t0 int64, c int) int64 {
+	if cl.fits(t0, c) {
+		return t0
+	}
+	last := cl.endSlot(t0, c)
+	var cands []int64
+	for _, q := range cl.q {
+		n := 0
+		for _, e := range cl.st.entries {
+			if e.score > t0-q.w && e.score+q.w < last && n < modelKCand {
+				cands = append(cands, e.score+q.w)
+				n++
+			}
+		}
+	}
+	slices.Sort(cands)
+	cands = slices.Compact(cands)
+	for i, t := range cands {
+		if i == modelKCand {
+			break
+		}
+		if cl.fits(t, c) {
+			cl.m.notes["candidate"]++
+			return t
+		}
+	}
+	cl.m.notes["endSlot"]++
+	return last
+}
+
+// earliest: the logs take turns moving t to their earliest instant until all have room
+// there, for at most K_ITER rounds; else the latest end slot.
+func earliest(logs []*callLog, t0 int64, c int) int64 {
+	t, settled := t0, 0
+	for step := 0; step < modelKIter*len(logs); step++ {
+		tj := logs[step%len(logs)].earliestOn(t, c)
+		if tj > t {
+			t, settled = tj, 1
+		} else {
+			settled++
+		}
+		if settled >= len(logs) {
+			return t
+		}
+	}
+	t = t0
+	for _, cl := range logs {
+		cl.m.notes["iterFallback"]++
+		t = max(t, cl.endSlot(t0, c))
+	}
+	return t
+}
+
+// cRoom: at most K_RENUM weighted entries after s.
+func (cl *callLog) cRoom(s int64) bool {
+	n := 0
+	for _, e := range cl.st.entries {
+		if e.cost > 1 && e.score > s {
+			n++
+		}
+	}
+	return n <= modelKRenum
+}
+
+// put adds an entry; a weighted one gets its running sum as C would (base: the last
+// weighted entry at or before s, else the one before the first after it, else 0) and
+// shifts those after it.
+func (m *model) put(cl *callLog, name string, s int64, c int) *modelEntry {
+	e := &modelEntry{score: s, name: name, cost: c}
+	if c > 1 {
+		m.seq++
+		e.cname, e.seq = name, m.seq
+		w := cl.st.entries.weighted()
+		var base int64
+		var after []*modelEntry
+		for _, x := range w {
+			if x.score <= s {
+				base = x.cum
+			} else {
+				after = append(after, x)
+			}
+		}
+		if len(after) > 0 && !slices.ContainsFunc(w, func(x *modelEntry) bool { return x.score <= s }) {
+			base = after[0].cum - int64(after[0].cost-1)
+		}
+		e.cum = base + int64(c-1)
+		for _, x := range after {
+			x.cum += int64(c - 1)
+		}
+		cl.st.flagC = true
+	}
+	i, _ := slices.BinarySearchFunc(cl.st.entries, e, compareEntries)
+	cl.st.entries = slices.Insert(cl.st.entries, i, e)
+	cl.st.hiw = max(cl.st.hiw, s)
+	cl.dirty = true
+	return e
+}
+
+// drop removes an entry; a weighted one with more than K_RENUM C entries after it stays,
+// renamed "~<cost>:<token>@<s>", and keeps counting.
+func (m *model) drop(cl *callLog, name string) {
+	e := cl.st.entries.find(name)
+	cl.dirty = true
+	if e == nil {
+		return
+	}
+	if e.cost > 1 {
+		var after []*modelEntry
+		for _, x := range cl.st.entries.weighted() {
+			if x.score > e.score || x.score == e.score && x.seq > e.seq {
+				after = append(after, x)
+			}
+		}
+		if len(after) > modelKRenum {
+			m.notes["ghost"]++
+			rest := name[strings.IndexByte(name, ':')+1:]
+			cl.st.entries = slices.DeleteFunc(cl.st.entries, func(x *modelEntry) bool { return x == e })
+			e.name = "~" + strconv.Itoa(e.cost) + ":" + rest + "@" + strconv.FormatInt(e.score, 10)
+			i, _ := slices.BinarySearchFunc(cl.st.entries, e, compareEntries)
+			cl.st.entries = slices.Insert(cl.st.entries, i, e)
+			return
+		}
+		for _, x := range after {
+			x.cum -= int64(e.cost - 1)
+		}
+	}
+	cl.st.entries = slices.DeleteFunc(cl.st.entries, func(x *modelEntry) bool { return x == e })
+}
+
+// finish trims at now - wmax, updates the sentinels' state and returns the TTL (ms) the
+// call sets on the log (and on its P and C when they hold entries), or -1 if it wrote
+// nothing to the log.
+func (cl *callLog) finish(now, claimTimeout int64) int64 {
+	if !cl.dirty {
+		return -1
+	}
+	st := cl.st
+	floor := now - cl.wmax
+	st.entries = slices.DeleteFunc(st.entries, func(e *modelEntry) bool { return e.score <= floor })
+	if st.flagC && len(st.entries.weighted()) == 0 {
+		st.flagC = false
+	}
+	if cl.pRemoved && st.flagP && len(st.pending) == 0 {
+		st.flagP = false
+	}
+	st.hw = max(st.hw, now)
+	ttl := max(st.hiw, now) - now + cl.wmax
+	if st.flagP {
+		ttl += claimTimeout
+	}
+	cl.dirty = false
+	return ttl
+}
+
+// modelCall is one request as the model decides it.
+type modelCall struct {
+	m                              *model
+	req                            throttle.Request
+	cost                           int
+	caller, now                    int64
+	token, holder, tenant, scopes  string
+	wait, claimWait, claimTimeout  int64
+	weight                         int
+	logs                           []*callLog
+	typeLog                        *callLog
+	quotas                         []*modelQuota
+	quotaLog                       []*callLog // the log of each quota
+	leases                         map[string]modelLease
+	fairq                          map[string]int64
+	fairh                          map[string]string
+	extra                          []*callLog // other tenants' logs written (a displaced reservation's)
+	leasesTTL, fairTTL, fairHWrote bool
+	horizon                        int64
 }
 
 // modelDecision is what the model decides: every field of a Decision it determines.
 type modelDecision struct {
-	Allowed, Replay, Reserved bool
-	Quota                     throttle.Quota
-	Count, Remaining          int
-	RetryAfter, ResetAfter    time.Duration
-	At                        int64 // ms
+	Allowed, Replay, Reserved, Held bool
+	Quota                           throttle.Quota
+	Count, Remaining                int
+	RetryAfter, Delay               time.Duration
+	At                              int64 // ms
 }
 
 func (d modelDecision) String() string {
@@ -170,1091 +452,470 @@ func (d modelDecision) String() string {
 	case d.Reserved:
 		s = "denied+reserved"
 	}
-	return fmt.Sprintf("%s at=%d quota=%s count=%d remaining=%d retry=%dms reset=%dms",
-		s, d.At, d.Quota, d.Count, d.Remaining, d.RetryAfter.Milliseconds(), d.ResetAfter.Milliseconds())
+	if d.Held {
+		s += "(held)"
+	}
+	return fmt.Sprintf("%s at=%d quota=%s count=%d remaining=%d retry=%dms delay=%dms",
+		s, d.At, d.Quota, d.Count, d.Remaining, d.RetryAfter.Milliseconds(), d.Delay.Milliseconds())
 }
 
 func modelDecisionOf(d throttle.Decision) modelDecision {
-	return modelDecision{Allowed: d.Allowed, Replay: d.Replay, Reserved: d.Reserved, Quota: d.Quota, Count: d.Count,
-		Remaining: d.Remaining, RetryAfter: d.RetryAfter, ResetAfter: d.ResetAfter, At: d.At.UnixMilli()}
+	return modelDecision{Allowed: d.Allowed, Replay: d.Replay, Reserved: d.Reserved, Held: d.Held, Quota: d.Quota,
+		Count: d.Count, Remaining: d.Remaining, RetryAfter: d.RetryAfter, Delay: d.Delay, At: d.At.UnixMilli()}
 }
 
-// modelTTL is a TTL the contract asks a call to set: for a log, with res for the
-// reservation set beside it, with owners for the owners hash of the log's task type.
-type modelTTL struct {
-	log    modelLog
-	res    bool
-	owners bool
-}
+// modelTTLs are the TTLs (ms) a call sets, by key.
+type modelTTLs map[string]int64
 
-// decide decides req at now (ms) and applies it. It returns the TTL (ms) the call must
-// set on each set it writes that exists after it: a log, its reservation set and, beside
-// the type-wide log, the owners hash must outlive the log's newest entry (or now) by the
-// longest window of the request's quotas on that log plus the grace.
-func (m *model) decide(req throttle.Request, now int64) (d modelDecision, ttls map[modelTTL]int64, note modelNote) {
-	cost := req.Cost
-	if cost == 0 {
-		cost = 1 // the documented default
+// decide decides req at now (ms, the caller's clock: AllowAt) and applies it to the model.
+func (m *model) decide(req throttle.Request, now int64) (modelDecision, modelTTLs) {
+	c := &modelCall{m: m, req: req, caller: now, token: req.Reservation, holder: req.Holder,
+		tenant: url.PathEscape(req.Key.Tenant), wait: req.MaxWait.Milliseconds(), claimWait: req.ClaimWait.Milliseconds(),
+		claimTimeout: req.ClaimTimeout.Milliseconds(), weight: max(req.Weight, 1), cost: max(req.Cost, 1)}
+	if c.claimTimeout == 0 {
+		c.claimTimeout = throttle.DefaultClaimTimeout.Milliseconds()
 	}
-	token := req.Reservation
-	var order []modelLog                      // the request's logs, each once
-	longest := map[modelLog]int64{}           // per log, the longest window of the request's quotas on it
-	logs := make([]modelLog, len(req.Quotas)) // the log of each quota
-	windows := make([]int64, len(req.Quotas))
+	tt := req.Key.TaskType
+	c.leases, c.fairq, c.fairh = perType(m.leases, tt), perType(m.fairq, tt), perType(m.fairh, tt)
 	for i, q := range req.Quotas {
-		logs[i] = modelLogOf(req.Key, q.Scope)
-		windows[i] = q.Limit.Window.Milliseconds()
-		if _, ok := longest[logs[i]]; !ok {
-			order = append(order, logs[i])
-		}
-		longest[logs[i]] = max(longest[logs[i]], windows[i])
-	}
-	typeLog := modelLogOf(req.Key, throttle.ScopeType)
-	_, hasType := longest[typeLog]
-	// The owners hash is the call's only with a token and a type-wide quota (KEYS[2m+1]):
-	// no other call reads it, writes it or forgets an owner in it.
-	withOwners := token != "" && hasType
-
-	// Rule 7 (header, ARGV[2]): a call that finds its member's admission "1:<member>" in
-	// one of its logs is a replay, whatever the entry's score: it is there until a write
-	// trims it, the grace after its longest window. A replay is allowed, takes no slot,
-	// writes nothing at all (no trim, no TTL) and does not look up its reservation.
-	replay := false
-	found := 0
-	for _, id := range order {
-		if _, ok := m.logs[id].find("1:" + req.Member); ok {
-			replay = true
-			found++
-		}
-	}
-	if replay {
-		note.replayPartial = found < len(order)
-		note.replayOutside = true
-		for i := range req.Quotas {
-			if e, ok := m.logs[logs[i]].find("1:" + req.Member); ok && e.score > now-windows[i] {
-				note.replayOutside = false
+		id := modelLogOf(req.Key, q.Scope)
+		var cl *callLog
+		for _, x := range c.logs {
+			if x.id == id {
+				cl = x
 			}
 		}
-	}
-
-	// The event's reservation, with a token and unless a replay: its entries "<c>@<token>"
-	// in the reservation set beside each log, at one instant per log (they differ after a
-	// fairness swap). In a log it holds while its instant is after now - the log's longest
-	// window; older, it has lapsed (the grace keeps it only for late callers to count) and
-	// is ignored there. The event holds a reservation if one log has it; it is due at the
-	// latest of its instants.
-	own := modelNames("@", token, cost) // the entries of this event's reservation, if any
-	ownAt := map[modelLog]int64{}       // per log, the instant of its reservation there, if it holds there
-	var reservedAt int64
-	holds := false
-	if token != "" && !replay {
-		for _, id := range order {
-			e, ok := m.reserved[id].find(own[0])
-			switch {
-			case ok && e.score > now-longest[id]:
-				ownAt[id] = e.score
-				if !holds || e.score > reservedAt {
-					reservedAt, holds = e.score, true
-				}
-			case ok:
-				note.lapsed = true
-			}
-		}
-	}
-	due := holds && reservedAt <= now
-	for _, id := range order {
-		if at, ok := ownAt[id]; holds && (!ok || at != reservedAt) {
-			note.split = true // its instants differ between its logs, or a log lacks it
-		}
-	}
-
-	// Rule 1: an entry counts iff its score is above now - W, entries in the future too:
-	// reservations and admissions from a caller ahead. A due reservation counts the entries
-	// in (now - W, now] other than its own (in a log where its own instant has left W, or
-	// lapsed, or where the swap moved it, there is none of them in that window), and the
-	// admissions after now only: reservations behind it do not block it.
-	// blocking[i] lists, ascending, the counted entries rule 4 takes the k-th oldest of:
-	// for a due reservation, the admissions after now among the first 1000 entries after
-	// now only (the script's bounded page: "past it, wait a whole window").
-	counts := make([]int, len(req.Quotas))
-	blocking := make([][]int64, len(req.Quotas))
-	for i := range req.Quotas {
-		after := 0 // entries after now so far
-		for _, e := range m.logs[logs[i]] {
-			counted, listed := false, false
-			switch {
-			case !due:
-				counted = e.score > now-windows[i]
-				listed = counted
-			case e.score <= now:
-				counted = e.score > now-windows[i] && !slices.Contains(own, e.name)
-				listed = counted
-			default:
-				after++
-				counted = !e.reserved
-				listed = counted && after <= 1000
-			}
-			if counted {
-				counts[i]++
-			}
-			if listed {
-				blocking[i] = append(blocking[i], e.score)
-			}
-		}
-	}
-
-	note.holds, note.due = holds, due
-	note.waits = make([]int64, len(req.Quotas))
-
-	// Rules 3 and 4: admit iff count + cost <= limit for every quota; otherwise wait until
-	// the k-th oldest counted entry (k = count + cost - limit) leaves the window (if a due
-	// reservation finds fewer than k, a whole window). A reservation not yet due waits for
-	// its instant. A replay has nothing to decide.
-	var retry int64
-	binding := 0
-	switch {
-	case replay:
-	case holds && !due:
-		retry = reservedAt - now // the same wait for every quota: the first binds
-	default:
-		for i, q := range req.Quotas {
-			k := counts[i] + cost - q.Limit.Events
-			if k <= 0 {
-				continue
-			}
-			kth := now
-			if k <= len(blocking[i]) {
-				kth = blocking[i][k-1]
-			}
-			wait := max(kth+windows[i]-now, 1)
-			note.waits[i] = wait
-			if wait > retry { // the longest wait binds; the first quota on a tie
-				retry, binding = wait, i
-			}
-		}
-	}
-	allowed := replay || retry == 0
-	reserved := !allowed && token != ""
-
-	ttls = map[modelTTL]int64{}
-	// trim: a write trims each of its logs and the reservation set beside it at the same
-	// floor, and with the owners hash forgets the owners of the reservations it trims from
-	// the type-wide log's set.
-	trim := func(id modelLog) {
-		floor := m.trimFloor(now, longest[id])
-		if withOwners && id == typeLog {
-			for _, e := range m.reserved[id] {
-				if e.score <= floor {
-					_, t, _ := strings.Cut(e.name, "@")
-					delete(m.owners[id.taskType], t)
-				}
-			}
-		}
-		m.logs[id] = m.logs[id].trim(floor)
-		m.reserved[id] = m.reserved[id].trim(floor)
-	}
-	// expire: rule 6 and the header's "PEXPIRE keeps each set until its newest entry is
-	// that old": the log, its reservation set and, beside the type-wide log, the owners
-	// hash (when the call has it) all get max(newest, now) - now + longest + grace. An
-	// empty set is no key: PEXPIRE sets nothing.
-	expire := func(id modelLog) {
-		ttl := max(m.logs[id].newest(), now) - now + longest[id] + m.grace
-		ttls[modelTTL{log: id}] = ttl // never empty: the write just added to it
-		if len(m.reserved[id]) > 0 {
-			ttls[modelTTL{log: id, res: true}] = ttl
-		}
-		if withOwners && id == typeLog && len(m.owners[id.taskType]) > 0 {
-			ttls[modelTTL{log: id, owners: true}] = ttl
-		}
-	}
-	switch {
-	case replay:
-		// Nothing written.
-	case allowed:
-		// An admission trims each log, turns a reservation it holds into the admission
-		// (its entries leave every log and set, its owner the owners hash), adds cost
-		// entries at now and sets the TTLs.
-		for _, id := range order {
-			trim(id)
-			if holds {
-				drop := func(e modelEntry) bool { return slices.Contains(own, e.name) }
-				m.logs[id] = slices.DeleteFunc(m.logs[id], drop)
-				m.reserved[id] = slices.DeleteFunc(m.reserved[id], drop)
-				if withOwners && id == typeLog {
-					delete(m.owners[id.taskType], token)
-				}
-			}
-			for _, name := range modelNames(":", req.Member, cost) {
-				m.logs[id] = m.logs[id].put(modelEntry{score: now, name: name})
-			}
-			expire(id)
-		}
-		for i := range counts {
-			counts[i] += cost
-		}
-	case reserved && !holds:
-		// A denied event with a token and no reservation (or only a lapsed one: its
-		// entries move, as ZADD moves a member) reserves now + retry: the first instant
-		// at which every quota has room, counting every entry. Unless, on a type-wide
-		// quota, a fairer slot is ahead: see fairSlot.
-		at := now + retry
-		var victim string
-		if withOwners && logs[binding] == typeLog && cost == 1 {
-			at, victim = m.fairSlot(req, now, at, binding)
-			note.fair = victim != ""
-		}
-		if victim != "" { // the slot is ours; the victim's goes behind everything
-			drop := func(e modelEntry) bool { return e.name == "1@"+victim }
-			m.logs[typeLog] = slices.DeleteFunc(m.logs[typeLog], drop)
-			m.reserved[typeLog] = slices.DeleteFunc(m.reserved[typeLog], drop)
-		}
-		for _, id := range order {
-			trim(id)
-			for _, name := range own {
-				m.logs[id] = m.logs[id].put(modelEntry{score: at, name: name, reserved: true})
-				m.reserved[id] = m.reserved[id].put(modelEntry{score: at, name: name, reserved: true})
-			}
-		}
-		if victim != "" {
-			// Behind everything: where a new reservation would go on the binding
-			// type-wide quota, counting every entry, and not before at. Only on the
-			// type-wide log: its entry in its tenant's log stays where it was.
-			w, limit := windows[binding], req.Quotas[binding].Limit.Events
-			var counted []int64
-			for _, e := range m.logs[typeLog] {
-				if e.score > now-w {
-					counted = append(counted, e.score)
-				}
-			}
-			later := max(counted[len(counted)+1-limit-1]+w, at)
-			e := modelEntry{score: later, name: "1@" + victim, reserved: true}
-			m.logs[typeLog] = m.logs[typeLog].put(e)
-			m.reserved[typeLog] = m.reserved[typeLog].put(e)
-		}
-		if withOwners {
-			if m.owners[req.Key.TaskType] == nil {
-				m.owners[req.Key.TaskType] = map[string]string{}
-			}
-			m.owners[req.Key.TaskType][token] = modelTag(req.Key.Tenant) + "/" + strconv.Itoa(cost)
-		}
-		for _, id := range order {
-			expire(id)
-		}
-		retry = at - now
-	}
-	// Otherwise (denied without a token, or holding a reservation) nothing is written.
-	for i, q := range req.Quotas {
-		note.left = append(note.left, q.Limit.Events-counts[i])
-	}
-	if allowed { // the quota with the fewest slots left binds; the first on a tie
-		binding = 0
-		for i, q := range req.Quotas {
-			if q.Limit.Events-counts[i] < req.Quotas[binding].Limit.Events-counts[binding] {
-				binding = i
-			}
-		}
-		retry = 0
-	}
-
-	var reset int64 // until every quota's window is empty: newest entry + W - now, >= 0
-	for i := range req.Quotas {
-		if l := m.logs[logs[i]]; len(l) > 0 {
-			reset = max(reset, l.newest()+windows[i]-now)
-		}
-	}
-	q := req.Quotas[binding]
-	return modelDecision{
-		Allowed:    allowed,
-		Replay:     replay,
-		Reserved:   reserved,
-		Quota:      q,
-		Count:      counts[binding],
-		Remaining:  max(q.Limit.Events-counts[binding], 0),
-		RetryAfter: msDuration(retry),
-		ResetAfter: msDuration(reset),
-		At:         now,
-	}, ttls, note
-}
-
-// fairSlot implements the header's fairness on a type-wide quota for req, denied at now
-// by its binding quota q on the type-wide log and about to reserve at: among the next
-// 4 x limit reservation entries of the type-wide log in (now, at), it takes the earliest
-// of cost 1 whose owner holds at least two more of those entries than req's tenant (its
-// cost-1 ones) in the window ending there, if req's other quotas (those on other logs)
-// have room for it there, counting every entry. It returns the instant and the victim's
-// token, or at and "".
-func (m *model) fairSlot(req throttle.Request, now, at int64, q int) (int64, string) {
-	typeLog := modelLogOf(req.Key, throttle.ScopeType)
-	w, limit := req.Quotas[q].Limit.Window.Milliseconds(), req.Quotas[q].Limit.Events
-	var page []modelEntry
-	for _, e := range m.reserved[typeLog] {
-		if e.score > now && e.score < at && len(page) < 4*limit {
-			page = append(page, e)
-		}
-	}
-	owner := func(e modelEntry) string {
-		_, id, _ := strings.Cut(e.name, "@")
-		return m.owners[req.Key.TaskType][id]
-	}
-	mine := modelTag(req.Key.Tenant) + "/1"
-	for _, e := range page {
-		held := map[string]int{}
-		for _, o := range page {
-			if o.score > e.score-w && o.score <= e.score {
-				held[owner(o)]++
-			}
-		}
-		victim := owner(e)
-		if victim == mine || !strings.HasSuffix(victim, "/1") || held[victim] <= held[mine]+1 {
-			continue
-		}
-		fits := true
-		for _, o := range req.Quotas {
-			if o.Scope == throttle.ScopeType {
-				continue
-			}
-			n := 0
-			for _, x := range m.logs[modelLogOf(req.Key, o.Scope)] {
-				if x.score > e.score-o.Limit.Window.Milliseconds() {
-					n++
-				}
-			}
-			fits = fits && n+max(req.Cost, 1) <= o.Limit.Events
-		}
-		if fits {
-			_, id, _ := strings.Cut(e.name, "@")
-			return e.score, id
-		}
-	}
-	return at, ""
-}
-
-// modelNote is how the model came to a decision, for the test's statistics.
-type modelNote struct {
-	holds, due    bool    // the event held a live reservation; it was due
-	split         bool    // it held one at different instants in its logs, or not in every log
-	lapsed        bool    // one of its logs had its reservation, lapsed (kept by the grace)
-	fair          bool    // it took a fairer slot from another tenant's reservation
-	replayPartial bool    // a replay found in some of its logs, not all
-	replayOutside bool    // a replay whose admission counts in none of its windows
-	waits         []int64 // per quota, the wait it asked for (0: room)
-	left          []int   // per quota, limit - count after the call
-}
-
-func msDuration(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
-
-// observingClient is a redis.Client whose script calls run in one MULTI/EXEC with, for
-// every key the script was given, PTTL, PEXPIRETIME, ZRANGE WITHSCORES and then PERSIST.
-// The model runs on simulated milliseconds while Redis expires keys on its real clock: a
-// log with a 5ms TTL would vanish between two calls 5 simulated seconds apart, or survive
-// when its simulated window is long gone. Removing the TTL in the same transaction as the
-// script, after reading it, makes the logs live on simulated time only, and lets the test
-// check the TTL each admission sets and the log each call leaves.
-type observingClient struct {
-	*redis.Client
-	calls []observedCall // since the last reset
-}
-
-// observedCall is what one script call returned and left behind.
-type observedCall struct {
-	keys []observedKey
-}
-
-type observedKey struct {
-	key        string
-	pttl       int64 // ms, as PTTL right after the script; -1 no TTL, -2 no key
-	expireTime int64 // ms since the epoch, as PEXPIRETIME; -1 no TTL, -2 no key
-	zset       []redis.Z
-	hash       map[string]string // for the owners hash
-}
-
-// modelOwnersKey reports whether key is an owners hash: "<prefix>:{<type>}:owners".
-func modelOwnersKey(key string) bool { return strings.HasSuffix(key, "}:owners") }
-
-func (c *observingClient) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
-	return c.observe(ctx, keys, func(p redis.Pipeliner) *redis.Cmd { return p.EvalSha(ctx, sha1, keys, args...) })
-}
-
-func (c *observingClient) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
-	return c.observe(ctx, keys, func(p redis.Pipeliner) *redis.Cmd { return p.Eval(ctx, script, keys, args...) })
-}
-
-func (c *observingClient) observe(ctx context.Context, keys []string, run func(redis.Pipeliner) *redis.Cmd) *redis.Cmd {
-	var script *redis.Cmd
-	pttls := make([]*redis.Cmd, len(keys))
-	expireTimes := make([]*redis.Cmd, len(keys))
-	zsets := make([]*redis.ZSliceCmd, len(keys))
-	hashes := make([]*redis.MapStringStringCmd, len(keys))
-	_, _ = c.Client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		script = run(p)
-		for i, k := range keys {
-			pttls[i] = p.Do(ctx, "PTTL", k)
-			expireTimes[i] = p.Do(ctx, "PEXPIRETIME", k)
-			if modelOwnersKey(k) {
-				hashes[i] = p.HGetAll(ctx, k)
+		if cl == nil {
+			cl = &callLog{m: m, id: id, st: m.state(id)}
+			c.logs = append(c.logs, cl)
+			if q.Scope == throttle.ScopeType {
+				c.typeLog = cl
+				c.scopes += "y"
 			} else {
-				zsets[i] = p.ZRangeWithScores(ctx, k, 0, -1)
-			}
-			p.Persist(ctx, k)
-		}
-		return nil
-	}) // each command carries its own error; the script's is returned
-	if script.Err() != nil {
-		return script // NOSCRIPT: redis.Script.Run sends EVAL next
-	}
-	var call observedCall
-	for i, k := range keys {
-		o := observedKey{key: k}
-		if hashes[i] != nil {
-			o.hash = hashes[i].Val()
-		} else {
-			o.zset = zsets[i].Val()
-		}
-		o.pttl, _ = pttls[i].Int64()
-		o.expireTime, _ = expireTimes[i].Int64()
-		call.keys = append(call.keys, o)
-	}
-	c.calls = append(c.calls, call)
-	return script
-}
-
-// modelOp is one call of the test: a request at an instant.
-type modelOp struct {
-	req      throttle.Request
-	at       int64
-	why      string // how the generator came to it
-	admitted bool   // a call made again: the call it repeats was admitted
-	decision modelDecision
-	note     modelNote
-}
-
-func (op modelOp) String() string {
-	var quotas []string
-	for _, q := range op.req.Quotas {
-		quotas = append(quotas, q.String())
-	}
-	return fmt.Sprintf("t=%d %s type=%q tenant=%q quotas=[%s] cost=%d member=%q reservation=%q -> %s",
-		op.at, op.why, op.req.Key.TaskType, op.req.Key.Tenant, strings.Join(quotas, " "),
-		op.req.Cost, op.req.Member, op.req.Reservation, op.decision)
-}
-
-// modelTenants are tenant ids, several of them chosen to break a key or to look like
-// another one.
-var modelTenants = []string{"acme", "", "{", "}", "{acme}", ":", "a:tenant:b", "%41", "A", "ü", "a b", "x}:type", "reserved:x"}
-
-// modelType is one task type and its rules.
-type modelType struct {
-	name   string
-	quotas []throttle.Quota // nil: a new random set for every request, as while rules change
-}
-
-// modelGen generates the requests of one seed.
-type modelGen struct {
-	rng     *rand.Rand
-	types   []modelType
-	now     int64
-	n       int       // ids handed out
-	past    []modelOp // recent requests, to retry with the same member
-	waiting []modelOp // denied requests that hold a reservation, to come back
-	plan    []modelOp // requests to make next, before any other
-}
-
-func newModelGen(seed uint64) *modelGen {
-	g := &modelGen{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: 1_700_000_000_000}
-	g.types = []modelType{
-		{name: "api:call", quotas: []throttle.Quota{g.quota(throttle.ScopeTenant)}},
-		{name: "{mail}", quotas: []throttle.Quota{g.quota(throttle.ScopeTenant), g.quota(throttle.ScopeType)}},
-		{name: "report:reserved:x", quotas: []throttle.Quota{g.quota(throttle.ScopeType), g.quota(throttle.ScopeTenant), g.quota(throttle.ScopeTenant)}},
-		{name: "}{", quotas: nil},
-	}
-	return g
-}
-
-// modelUnit is the generator's unit of time, in ms. Windows are 1-50 units and the clock
-// moves 0-20 units a step, so entries expire all the time, as with 1-50ms windows; but a
-// TTL, which Redis runs on its real clock, is never under 100ms: Redis 7.0 can expire a
-// key with a 1ms TTL inside the MULTI/EXEC that sets it and reads it back (measured), so
-// the test would see a log vanish. Probes 1ms before RetryAt, jitter and boundary
-// instants (see next) keep the decisions at millisecond precision.
-const modelUnit = 100
-
-// quota returns a random quota at scope: 1-8 events per 1-50 units, with a few windows
-// made likely so that quotas tie.
-func (g *modelGen) quota(scope throttle.Scope) throttle.Quota {
-	w := 1 + g.rng.Int64N(50)
-	if g.rng.IntN(2) == 0 {
-		w = []int64{5, 10, 20}[g.rng.IntN(3)]
-	}
-	return throttle.Quota{Scope: scope, Limit: throttle.Limit{Events: 1 + g.rng.IntN(8), Window: msDuration(w * modelUnit)}}
-}
-
-// member returns a fresh member: unique, sometimes with ':' or braces in it. Reservation
-// tokens (see token) never equal a member.
-func (g *modelGen) member() string {
-	g.n++
-	return fmt.Sprintf([]string{"m%d", "1:x%d", "x%d:2", "{y%d}", "ü%d"}[g.rng.IntN(5)], g.n)
-}
-
-// token returns a fresh reservation token, as the worker's task ids, sometimes with ':'
-// or '@' in it.
-func (g *modelGen) token() string {
-	g.n++
-	return fmt.Sprintf([]string{"T%d", "T:%d", "T{%d}", "T@%d"}[g.rng.IntN(4)], g.n)
-}
-
-// next returns the next request and its instant.
-func (g *modelGen) next(m *model) modelOp {
-	if len(g.plan) > 0 {
-		op := g.plan[0]
-		g.plan = g.plan[1:]
-		g.now = op.at
-		return op
-	}
-	switch r := g.rng.IntN(100); {
-	case r < 5: // a caller whose clock is behind
-		g.now -= (1 + g.rng.Int64N(60)) * modelUnit
-	case r < 8: // a pause: most windows empty out
-		g.now += (50 + g.rng.Int64N(200)) * modelUnit
-	default:
-		g.now += g.rng.Int64N(21) * modelUnit
-	}
-	if g.rng.IntN(10) == 0 { // off the grid
-		g.now += g.rng.Int64N(5) - 2
-	}
-	switch r := g.rng.IntN(100); {
-	case r < 8 && len(g.past) > 0: // a call retried with the same member (its reply was lost)
-		// Whether its admission is still in one of its logs (a replay) or trimmed from all
-		// of them (decided afresh), the contract says what happens.
-		op := g.past[g.rng.IntN(len(g.past))]
-		return modelOp{req: op.req, at: g.now, why: "again(" + op.why + ")", admitted: op.decision.Allowed}
-	case r < 18 && len(g.waiting) > 0: // a task with a reservation comes back, on time or not
-		i := g.rng.IntN(len(g.waiting))
-		req := g.waiting[i].req
-		req.Member = g.member()
-		return modelOp{req: req, at: g.now, why: "back"}
-	}
-	typ := g.types[g.rng.IntN(len(g.types))]
-	if r := g.rng.IntN(100); r < 2 && typ.quotas != nil && slices.ContainsFunc(typ.quotas, func(q throttle.Quota) bool { return q.Scope == throttle.ScopeType }) {
-		// A backlog: one tenant's burst of tasks at once, then another tenant's few, all
-		// of cost 1 with reservations: what the fair share on a type-wide quota is for.
-		tenants := g.rng.Perm(len(modelTenants))
-		for i := range 4 + g.rng.IntN(12) {
-			tenant := modelTenants[tenants[0]]
-			if i >= 3+g.rng.IntN(8) {
-				tenant = modelTenants[tenants[1+g.rng.IntN(2)]]
-			}
-			req := throttle.Request{Key: throttle.Key{TaskType: typ.name, Tenant: tenant}, Quotas: typ.quotas,
-				Cost: 1, Member: g.member(), Reservation: g.token()}
-			g.plan = append(g.plan, modelOp{req: req, at: g.now + g.rng.Int64N(3), why: "burst"})
-		}
-		return g.next(m)
-	}
-	quotas := typ.quotas
-	if quotas == nil {
-		for range 1 + g.rng.IntN(3) {
-			quotas = append(quotas, g.quota([]throttle.Scope{throttle.ScopeTenant, throttle.ScopeType}[g.rng.IntN(2)]))
-		}
-	}
-	most := quotas[0].Limit.Events
-	for _, q := range quotas {
-		most = min(most, q.Limit.Events)
-	}
-	key := throttle.Key{TaskType: typ.name, Tenant: modelTenants[g.rng.IntN(len(modelTenants))]}
-	if l := m.logs[modelLogOf(key, quotas[0].Scope)]; len(l) > 0 && g.rng.IntN(10) == 0 {
-		// At the boundary: when an entry leaves the first quota's window, or 1ms before.
-		g.now = l[g.rng.IntN(len(l))].score + quotas[0].Limit.Window.Milliseconds() - g.rng.Int64N(2)
-	}
-	req := throttle.Request{
-		Key:    key,
-		Quotas: quotas,
-		Cost:   1 + g.rng.IntN(most),
-		Member: g.member(),
-	}
-	if g.rng.IntN(4) == 0 {
-		req.Cost = 0 // the default, 1
-	}
-	switch g.rng.IntN(6) {
-	case 0, 1:
-		req.Reservation = g.token()
-	case 2: // the same id for both, as a caller may pass a task id as each
-		req.Reservation = req.Member
-	}
-	return modelOp{req: req, at: g.now, why: "new"}
-}
-
-// done records op's decision. After a denial (that did not find a reservation: one made
-// earlier has seen traffic since; nor took another's: that slot has seen the victim's
-// traffic) it sometimes plans the same event (a new member) 1ms
-// before RetryAt, which must be denied with RetryAfter 1ms, and at RetryAt, which must be
-// admitted, with nothing in between (rule 4; for a reservation, the header's "called again
-// then with the same Reservation, it is admitted").
-func (g *modelGen) done(op modelOp) {
-	g.past = append(g.past, op)
-	if len(g.past) > 40 {
-		g.past = g.past[1:]
-	}
-	if op.req.Reservation != "" {
-		g.waiting = slices.DeleteFunc(g.waiting, func(w modelOp) bool { return w.req.Reservation == op.req.Reservation })
-		if op.decision.Reserved {
-			g.waiting = append(g.waiting, op)
-		}
-		if len(g.waiting) > 20 { // the oldest never comes back
-			g.waiting = g.waiting[1:]
-		}
-	}
-	if op.decision.Allowed || op.note.holds || op.note.fair || len(g.plan) > 0 || op.why == "retry" || op.why == "probe" || g.rng.IntN(100) >= 20 {
-		return
-	}
-	retry := op.decision.RetryAfter.Milliseconds()
-	req := op.req
-	if retry > 1 {
-		req.Member = g.member()
-		g.plan = append(g.plan, modelOp{req: req, at: op.at + retry - 1, why: "probe"})
-	}
-	req.Member = g.member()
-	g.plan = append(g.plan, modelOp{req: req, at: op.at + retry, why: "retry"})
-}
-
-// TestLimiter_AllowAt_matchesModel checks the script against the reference model: for
-// each seed, a few thousand random requests (four task types, hostile tenants, one to
-// three quotas of 1-8 events per 1-50ms, random costs, reservations, a clock that mostly
-// moves forward 0-20ms but sometimes jumps back or ahead, calls retried with the same
-// member, tasks coming back for their reservation, probes around RetryAt) must get
-// identical decisions, leave identical sets and set the TTLs the contract asks for.
-// Replay one seed with -model.seed=N (and -model.steps=N for more steps).
-func TestLimiter_AllowAt_matchesModel(t *testing.T) {
-	t.Parallel()
-	seeds := modelSeeds
-	if *modelSeed != 0 {
-		seeds = []uint64{*modelSeed}
-	}
-	srv := redistest.StartServer(t)
-	var mu sync.Mutex
-	total := map[string]int{}
-	t.Run("seeds", func(t *testing.T) {
-		for _, seed := range seeds {
-			t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-				t.Parallel()
-				rdb := &observingClient{Client: srv.Client()}
-				// Each seed its own prefix: the seeds share the server, never a key. And
-				// its MaxSkew, so that the grace (ARGV[8]) is not always the default.
-				cfg := throttle.Config{Prefix: "seed" + strconv.FormatUint(seed, 10), MaxSkew: modelSkew(seed)}
-				l, err := throttle.New(rdb, cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				stats := runModel(t, l, rdb, modelGrace(cfg), seed, *modelSteps)
-				t.Logf("seed %d, %d steps, grace %dms: %v", seed, *modelSteps, modelGrace(cfg), stats)
-				mu.Lock()
-				defer mu.Unlock()
-				for c, n := range stats {
-					total[c] += n
-				}
-			})
-		}
-	})
-	if t.Failed() || *modelSeed != 0 {
-		return
-	}
-	// The generator must reach every case it exists for, or the test proves little.
-	for _, c := range modelCases {
-		if total[c] == 0 {
-			t.Errorf("no step was %q in %d seeds of %d steps: %v", c, len(seeds), *modelSteps, total)
-		}
-	}
-}
-
-// modelSkew is the Config.MaxSkew of seed's limiter: the default (grace 2s), a shorter one
-// (grace 500ms, under the longest windows) or none (the check off: grace 2s still). AllowAt
-// never checks the skew: MaxSkew only sets the grace.
-func modelSkew(seed uint64) time.Duration {
-	return []time.Duration{0, 250 * time.Millisecond, -1}[seed%3]
-}
-
-// modelCases are the cases the seeds must reach together.
-var modelCases = []string{"admitted", "denied", "replay", "replayWhenFull", "deniedAgain", "probeDenied", "retryAdmitted",
-	"cost>1", "multiQuota", "deniedBy2nd+", "fewestLeftTie", "retryTie", "callerBehind", "futureEntryCounted", "trimmed",
-	"reserved", "reservationNotDue", "reservationDueAdmitted", "reservationDueDenied", "reservationLapsed", "fairSlot",
-	"replayPartial", "replayOutsideWindows", "againAfresh", "reservationLapsedInGrace", "reservationSplit"}
-
-// runModel runs steps requests of seed against l and the model and returns how often each
-// case came up.
-func runModel(t *testing.T, l *throttle.Limiter, rdb *observingClient, grace int64, seed uint64, steps int) map[string]int {
-	t.Helper()
-	ctx := context.Background()
-	g := newModelGen(seed)
-	m := newModel(grace)
-	var trace []modelOp
-	fail := func(format string, a ...any) {
-		t.Helper()
-		start := max(len(trace)-40, 0)
-		var b strings.Builder
-		for i, op := range trace[start:] {
-			fmt.Fprintf(&b, "\n  step %d: %s", start+i, op)
-		}
-		t.Fatalf("seed %d, step %d: %s\nlast steps (-> the model's decision):%s\nreplay: go test ./throttle -run 'TestLimiter_AllowAt_matchesModel' -model.seed=%d -model.steps=%d",
-			seed, len(trace)-1, fmt.Sprintf(format, a...), b.String(), seed, steps)
-	}
-	stats := map[string]int{}
-	for range steps {
-		op := g.next(m)
-		before := map[modelLog]modelSet{}
-		for _, q := range op.req.Quotas {
-			id := modelLogOf(op.req.Key, q.Scope)
-			before[id] = slices.Clone(m.logs[id])
-		}
-		want, ttls, note := m.decide(op.req, op.at)
-		op.decision, op.note = want, note
-		trace = append(trace, op)
-
-		rdb.calls = nil
-		d, err := l.AllowAt(ctx, op.req, time.UnixMilli(op.at))
-		if err != nil {
-			fail("AllowAt: %v", err)
-		}
-		if got := modelDecisionOf(d); got != want {
-			fail("decisions differ:\nscript %s\nmodel  %s", got, want)
-		}
-		if d.SkewFallback || d.RetryAt() != time.UnixMilli(op.at).Add(d.RetryAfter) {
-			fail("SkewFallback %v, RetryAt %v: AllowAt never falls back and RetryAt is At+RetryAfter", d.SkewFallback, d.RetryAt())
-		}
-		if len(rdb.calls) != 1 {
-			fail("%d script calls observed, want 1", len(rdb.calls))
-		}
-		checkSets(fail, l, m, op, rdb.calls[0], ttls, d.ServerTime.UnixMilli())
-
-		// Rule 4 on the model itself: at RetryAt the event fits (or its reservation is
-		// due and fits), 1ms before it does not.
-		switch op.why {
-		case "probe":
-			if want.Allowed || want.RetryAfter != time.Millisecond {
-				fail("1ms before RetryAt: %s, want a denial with RetryAfter 1ms", want)
-			}
-		case "retry":
-			if !want.Allowed || want.Replay {
-				fail("at RetryAt with no traffic since the denial: %s, want an admission", want)
+				c.scopes += "t"
 			}
 		}
-		countModelCase(stats, op, before[modelLogOf(op.req.Key, op.req.Quotas[0].Scope)], m)
-		g.done(op)
+		mq := &modelQuota{index: i, limit: q.Limit.Events, w: q.Limit.Window.Milliseconds()}
+		cl.q = append(cl.q, mq)
+		cl.wmax = max(cl.wmax, mq.w)
+		c.quotas = append(c.quotas, mq)
+		c.quotaLog = append(c.quotaLog, cl)
 	}
-	return stats
-}
-
-// modelResKey returns the key of the reservation set beside log, as the script's header
-// places it: "reserved:" right after the hash tag.
-func modelResKey(log string) string {
-	i := strings.Index(log, "}:") + len("}:")
-	return log[:i] + "reserved:" + log[i:]
-}
-
-// checkSets compares what the script call left in Redis with the model: every set the
-// call got holds exactly the model's entries; a set the call wrote has the TTL the
-// contract asks for (read as PTTL <= ttl <= PEXPIRETIME - the server's TIME during the
-// call: the server's clock moves on during the call); a set the call did not write has no
-// TTL (the test removes every TTL after reading it), or does not exist.
-func checkSets(fail func(string, ...any), l *throttle.Limiter, m *model, op modelOp, call observedCall, ttls map[modelTTL]int64, serverMS int64) {
-	want := map[string]modelTTL{}
-	for _, q := range op.req.Quotas {
-		id := modelLogOf(op.req.Key, q.Scope)
-		key := l.RedisKey(op.req.Key, q.Scope)
-		want[key] = modelTTL{log: id}
-		// The reservation set beside each log, token or not (trimmed with the log); the
-		// owners hash only with a token and a type-wide quota.
-		want[modelResKey(key)] = modelTTL{log: id, res: true}
-		if op.req.Reservation != "" && q.Scope == throttle.ScopeType {
-			want[strings.TrimSuffix(key, "type")+"owners"] = modelTTL{log: id, owners: true}
-		}
-	}
-	if len(call.keys) != len(want) {
-		fail("the script got %d keys, want %d: %v", len(call.keys), len(want), want)
-	}
-	for _, o := range call.keys {
-		set, ok := want[o.key]
-		if !ok {
-			fail("the script got key %q, not one of the request's", o.key)
-		}
-		if set.owners {
-			wantHash := m.owners[set.log.taskType]
-			if len(o.hash) != len(wantHash) || !maps.Equal(o.hash, wantHash) {
-				fail("%s differs:\nscript %v\nmodel  %v", o.key, o.hash, wantHash)
-			}
-			checkTTL(fail, o, op, ttls, set, len(o.hash) > 0, serverMS)
+	d := c.run()
+	ttls := modelTTLs{}
+	for _, cl := range append(slices.Clone(c.logs), c.extra...) {
+		ttl := cl.finish(c.now, c.claimTimeout)
+		if ttl < 0 {
 			continue
 		}
-		wantSet := m.logs[set.log]
-		if set.res {
-			wantSet = m.reserved[set.log]
+		l, p, cc := cl.id.keys(m.prefix)
+		ttls[l] = ttl
+		if len(cl.st.pending) > 0 && cl.st.flagP {
+			ttls[p] = ttl
 		}
-		var got, wantZ []string
-		for _, z := range o.zset {
-			if z.Score != float64(int64(z.Score)) {
-				fail("%s holds %q at %v, not a whole ms", o.key, z.Member, z.Score)
+		if len(cl.st.entries.weighted()) > 0 {
+			ttls[cc] = ttl
+		}
+	}
+	base := m.prefix + ":{" + url.PathEscape(tt) + "}:"
+	if c.leasesTTL {
+		ttls[base+"leases"] = c.horizon
+	}
+	if c.fairTTL {
+		ttls[base+"fair"] = c.horizon
+		ttls[base+"fairstate"] = c.horizon
+	}
+	// The counts of the reply are taken after the writes (finish), as the script does.
+	return c.reply(d), ttls
+}
+
+// pendingName is the token's P member for the call's cost.
+func (c *modelCall) pendingName() string { return strconv.Itoa(c.cost) + ":" + c.token }
+
+// the decision before counts: which quota binds and at what instant the counts are taken
+type modelOutcome struct {
+	allowed, replay, reserved, held bool
+	binding                         int
+	countAt                         int64
+	retry                           int64
+	at                              int64
+	admittedBinding                 bool // the binding quota is the one with fewest left at at
+}
+
+func (c *modelCall) run() modelOutcome {
+	m := c.m
+	// SKEW: decided at the latest high-water of its logs, if after the caller's clock.
+	c.now = c.caller
+	for _, cl := range c.logs {
+		c.now = max(c.now, cl.st.hw)
+	}
+	// Replay: the admission's member in the log with the longest window (the first on ties).
+	am := c.req.Member
+	if c.cost > 1 {
+		am = "*" + strconv.Itoa(c.cost) + ":" + am
+	}
+	rl := c.logs[0]
+	for _, cl := range c.logs[1:] {
+		if cl.wmax > rl.wmax {
+			rl = cl
+		}
+	}
+	if e := rl.st.entries.find(am); e != nil {
+		return modelOutcome{allowed: true, replay: true, at: e.score, admittedBinding: true}
+	}
+	// Lapses: up to K_LAPSE per log, oldest first, of those pending at now - timeout or before.
+	for _, cl := range c.logs {
+		var gone []string
+		for pm, s := range cl.st.pending {
+			if s <= c.now-c.claimTimeout {
+				gone = append(gone, pm)
 			}
-			got = append(got, fmt.Sprintf("%d:%q", int64(z.Score), z.Member))
 		}
-		for _, e := range wantSet {
-			wantZ = append(wantZ, fmt.Sprintf("%d:%q", e.score, e.name))
-		}
-		if !slices.Equal(got, wantZ) {
-			fail("%s differs:\nscript %v\nmodel  %v", o.key, got, wantSet)
-		}
-		checkTTL(fail, o, op, ttls, set, len(got) > 0, serverMS)
-	}
-}
-
-// checkTTL checks the TTL of one key the call got: as the model says if the call wrote
-// it, else none (-1), or no key (-2) if it is empty.
-func checkTTL(fail func(string, ...any), o observedKey, op modelOp, ttls map[modelTTL]int64, set modelTTL, exists bool, serverMS int64) {
-	ttl, written := ttls[set]
-	switch {
-	case written && (o.pttl > ttl || o.expireTime-serverMS < ttl):
-		fail("%s: PTTL %d ms, PEXPIRETIME - TIME %d ms; want the TTL set to %d ms in between", o.key, o.pttl, o.expireTime-serverMS, ttl)
-	case !written && exists && (o.pttl != -1 || o.expireTime != -1):
-		fail("%s: PTTL %d, PEXPIRETIME %d after %s; want -1 (no PEXPIRE)", o.key, o.pttl, o.expireTime, op.decision)
-	case !exists && (o.pttl != -2 || o.expireTime != -2):
-		fail("%s: PTTL %d, PEXPIRETIME %d for an empty set; want -2 (no key)", o.key, o.pttl, o.expireTime)
-	}
-}
-
-// countModelCase counts the cases op exercised, so that the test can require each.
-// before is the log of op's first quota before the call; m is the model after it.
-func countModelCase(stats map[string]int, op modelOp, before modelSet, m *model) {
-	d, n := op.decision, op.note
-	inc := func(c string, cond bool) {
-		if cond {
-			stats[c]++
+		slices.SortFunc(gone, func(a, b string) int {
+			return cmp.Or(cmp.Compare(cl.st.pending[a], cl.st.pending[b]), strings.Compare(a, b))
+		})
+		for i, pm := range gone {
+			if i == modelKLapse {
+				break
+			}
+			c.m.notes["lapse"]++
+			c.unreserve(cl, pm)
+			tok := pm[strings.IndexByte(pm, ':')+1:]
+			delete(c.leases, tok)
+			if cl == c.typeLog {
+				delete(c.fairq, tok)
+			}
 		}
 	}
-	inc("admitted", d.Allowed && !d.Replay)
-	inc("replay", d.Replay)
-	inc("replayWhenFull", d.Replay && slices.ContainsFunc(n.left, func(l int) bool { return l < max(op.req.Cost, 1) }))
-	inc("replayPartial", n.replayPartial)
-	inc("replayOutsideWindows", n.replayOutside)
-	inc("againAfresh", strings.HasPrefix(op.why, "again") && op.admitted && !d.Replay)
-	inc("denied", !d.Allowed)
-	inc("deniedAgain", !d.Allowed && strings.HasPrefix(op.why, "again"))
-	inc("probeDenied", op.why == "probe")
-	inc("retryAdmitted", op.why == "retry")
-	inc("cost>1", d.Allowed && !d.Replay && op.req.Cost > 1)
-	inc("multiQuota", len(op.req.Quotas) > 1)
-	inc("deniedBy2nd+", !d.Allowed && d.Quota != op.req.Quotas[0])
-	inc("callerBehind", slices.ContainsFunc(before, func(e modelEntry) bool { return e.score > op.at && !e.reserved }))
-	inc("futureEntryCounted", !d.Allowed && !n.holds && d.RetryAfter > d.Quota.Limit.Window)
-	inc("trimmed", d.Allowed && !d.Replay && len(m.logs[modelLogOf(op.req.Key, op.req.Quotas[0].Scope)]) < len(before)+max(op.req.Cost, 1))
-	inc("reserved", d.Reserved && !n.holds)
-	inc("reservationNotDue", n.holds && !n.due)
-	inc("reservationDueAdmitted", n.due && d.Allowed)
-	inc("reservationDueDenied", n.due && !d.Allowed)
-	inc("reservationLapsed", op.why == "back" && !n.holds)
-	inc("reservationLapsedInGrace", n.lapsed && !n.holds)
-	inc("reservationSplit", n.split)
-	inc("fairSlot", n.fair)
-	if len(n.left) > 1 && d.Allowed {
-		least := slices.Min(n.left)
-		inc("fewestLeftTie", len(slices.DeleteFunc(slices.Clone(n.left), func(x int) bool { return x != least })) > 1)
+	// The event's reservation: pending at one instant in all its logs, or given up.
+	pm := c.pendingName()
+	var heldAt int64 = -1
+	if c.token != "" {
+		whole, any := true, false
+		var first int64 = -1
+		for i, cl := range c.logs {
+			s, ok := cl.st.pending[pm]
+			if ok {
+				any = true
+			}
+			if i == 0 && ok {
+				first = s
+			}
+			if !ok || first >= 0 && s != first {
+				whole = false
+			}
+		}
+		if whole {
+			heldAt = first
+		} else if any {
+			c.m.notes["partialGivenUp"]++
+			for _, cl := range c.logs {
+				if _, ok := cl.st.pending[pm]; ok {
+					c.unreserve(cl, pm)
+				}
+			}
+			if c.typeLog != nil {
+				delete(c.fairq, c.token)
+			}
+		}
 	}
-	if !d.Allowed && !n.holds && len(n.waits) > 1 {
-		wait := d.RetryAfter.Milliseconds()
-		inc("retryTie", len(slices.DeleteFunc(slices.Clone(n.waits), func(x int64) bool { return x != wait })) > 1)
+	held := heldAt >= 0
+	if held && heldAt > c.now+c.claimWait {
+		return modelOutcome{held: true, reserved: true, binding: 0, countAt: c.now, at: c.now, retry: heldAt - c.caller}
 	}
-}
-
-// modelStep is one call of a fixed sequence: a request at an instant, and for the calls
-// that matter, the decision the contract asks for.
-type modelStep struct {
-	at     int64
-	tenant string
-	quotas []throttle.Quota
-	cost   int
-	member string
-	token  string
-	want   *modelDecision // nil: whatever the model decides
-}
-
-// checkSequence makes the calls of steps on a fresh server, for the task type "api:call",
-// and requires of each the model's decision, sets and TTLs; and of a step with want, that
-// the model's decision is want (so the expectation is written out, not only computed).
-func checkSequence(t *testing.T, steps []modelStep) {
-	t.Helper()
-	rdb := &observingClient{Client: redistest.Start(t)}
-	l, err := throttle.New(rdb, throttle.Config{})
-	if err != nil {
-		t.Fatal(err)
+	if held && heldAt >= c.now {
+		for _, cl := range c.logs { // the reservation becomes the admission, in place
+			delete(cl.st.pending, pm)
+			cl.pRemoved = true
+			e := cl.st.entries.find("@" + pm)
+			cl.st.entries = slices.DeleteFunc(cl.st.entries, func(x *modelEntry) bool { return x == e })
+			e.name = am
+			if e.cost > 1 {
+				e.cname = am
+			}
+			i, _ := slices.BinarySearchFunc(cl.st.entries, e, compareEntries)
+			cl.st.entries = slices.Insert(cl.st.entries, i, e)
+			cl.dirty = true
+		}
+		c.fairClaimed()
+		return modelOutcome{allowed: true, held: true, at: heldAt, admittedBinding: true}
 	}
-	m := newModel(modelGrace(throttle.Config{}))
-	var trace []string
-	for i, s := range steps {
-		op := modelOp{req: throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: s.tenant}, Quotas: s.quotas,
-			Cost: s.cost, Member: s.member, Reservation: s.token}, at: s.at, why: "step"}
-		var ttls map[modelTTL]int64
-		op.decision, ttls, _ = m.decide(op.req, op.at)
-		trace = append(trace, op.String())
-		fail := func(format string, a ...any) {
-			t.Helper()
-			t.Fatalf("step %d: %s\nsteps (-> the contract's decision):\n  %s", i, fmt.Sprintf(format, a...), strings.Join(trace, "\n  "))
+	if held { // late: decided afresh without its own reservation
+		c.m.notes["lateClaim"]++
+		for _, cl := range c.logs {
+			c.unreserve(cl, pm)
 		}
-		if s.want != nil && op.decision != *s.want {
-			fail("the model decides %s, the test expects %s", op.decision, *s.want)
-		}
-		rdb.calls = nil
-		d, err := l.AllowAt(context.Background(), op.req, time.UnixMilli(op.at))
-		if err != nil {
-			fail("AllowAt: %v", err)
-		}
-		if got := modelDecisionOf(d); got != op.decision {
-			fail("decisions differ:\nscript %s\nwant   %s", got, op.decision)
-		}
-		if len(rdb.calls) != 1 {
-			fail("%d script calls observed, want 1", len(rdb.calls))
-		}
-		checkSets(fail, l, m, op, rdb.calls[0], ttls, d.ServerTime.UnixMilli())
 	}
+	t := c.placeable(c.now)
+	horizon := c.wait
+	if held {
+		horizon = c.claimWait
+	}
+	if t <= c.now+horizon {
+		for _, cl := range c.logs {
+			m.put(cl, am, t, c.cost)
+		}
+		if held {
+			c.fairClaimed()
+		}
+		return modelOutcome{allowed: true, at: t, admittedBinding: true, held: held}
+	}
+	binding := c.denyingQuota()
+	if c.token == "" {
+		return modelOutcome{held: held, binding: binding, countAt: c.now, at: c.now, retry: t - c.caller}
+	}
+	// Reserve, at the fair rank on a type quota.
+	var tag int64
+	if c.typeLog != nil {
+		v, _ := strconv.ParseInt(cmp.Or(c.fairh["v"], "0"), 10, 64)
+		last, _ := strconv.ParseInt(cmp.Or(c.fairh["l:"+c.tenant], "0"), 10, 64)
+		tag = max(v, last) + int64(math.Floor(float64(c.cost)*modelFair/float64(c.weight)+0.5))
+	}
+	placed := false
+	if c.typeLog != nil && c.cost == 1 {
+		placed = c.fairSwap(tag, t)
+		if placed {
+			c.m.notes["fairSwap"]++
+			t = c.typeLog.st.pending[pm]
+		}
+	}
+	if !placed {
+		for _, cl := range c.logs {
+			c.reserve(cl, pm, t)
+		}
+	}
+	c.leases[c.token] = modelLease{cost: c.cost, scopes: c.scopes, holder: c.holder, tenant: c.tenant}
+	c.horizon = 0
+	for _, cl := range c.logs {
+		c.horizon = max(c.horizon, max(t, cl.st.hiw)-c.now+cl.wmax+c.claimTimeout)
+	}
+	c.leasesTTL = true
+	if c.typeLog != nil {
+		c.fairq[c.token] = tag
+		c.fairh["l:"+c.tenant] = strconv.FormatInt(tag, 10)
+		c.fairTTL = true
+	}
+	return modelOutcome{reserved: true, held: held, binding: binding, countAt: c.now, at: c.now, retry: t - c.caller}
 }
 
-func msQuota(scope throttle.Scope, events int, windowMS int64) throttle.Quota {
-	return throttle.Quota{Scope: scope, Limit: throttle.Limit{Events: events, Window: msDuration(windowMS)}}
+// denyingQuota: the first quota with no room in its window ending at now, else the first
+// whose log has no room at now in a window after it, else the first.
+func (c *modelCall) denyingQuota() int {
+	for i, q := range c.quotas {
+		if c.quotaLog[i].st.entries.sum(c.now-q.w, c.now)+c.cost > q.limit {
+			return i
+		}
+	}
+	for i := range c.quotas {
+		if !c.quotaLog[i].fits(c.now, c.cost) {
+			return i
+		}
+	}
+	return 0
 }
 
-// The sequences below use windows of a second or more: a TTL of a few ms can run out
-// inside the MULTI/EXEC that observes it (see modelUnit).
-
-// TestLimiter_AllowAt_replayTakesNoSlot: a call retried with the same member after its
-// entries left one of its logs (trimmed there) but not another is a replay, and must take
-// no slot in either (header: "a call that finds it in a log reports the admission again
-// and writes nothing"). The tenant quota is 1 per 1s, the type quota 5 per 10s; the grace
-// is 2s.
-func TestLimiter_AllowAt_replayTakesNoSlot(t *testing.T) {
-	t.Parallel()
-	tenant, typ := msQuota(throttle.ScopeTenant, 1, 1000), msQuota(throttle.ScopeType, 5, 10000)
-	q := []throttle.Quota{tenant, typ}
-	checkSequence(t, []modelStep{
-		{at: 0, tenant: "acme", quotas: q, member: "a"},
-		{at: 3000, tenant: "acme", quotas: q, member: "b"}, // trims <= 0 from the tenant log: a, there only
-		// a again: still in the type log, so a replay; it must not write a into the
-		// tenant log.
-		{at: 4000, tenant: "acme", quotas: q, member: "a", want: &modelDecision{Allowed: true, Replay: true,
-			Quota: tenant, Count: 0, Remaining: 1, ResetAfter: msDuration(9000), At: 4000}},
-		// The tenant's window (3100, 4100] holds no admission: c fits.
-		{at: 4100, tenant: "acme", quotas: q, member: "c", want: &modelDecision{Allowed: true,
-			Quota: tenant, Count: 1, Remaining: 0, ResetAfter: msDuration(10000), At: 4100}},
-	})
+// placeable: the earliest instant with room that can be written: for a weighted event, not
+// before more than K_RENUM weighted entries of a log (else from the newest of them on).
+func (c *modelCall) placeable(t0 int64) int64 {
+	t := earliest(c.logs, t0, c.cost)
+	if c.cost == 1 {
+		return t
+	}
+	after := int64(-1)
+	for _, cl := range c.logs {
+		if !cl.cRoom(t) {
+			c.m.notes["insertRefused"]++
+			w := cl.st.entries.weighted()
+			after = max(after, t, w[len(w)-1].score)
+		}
+	}
+	if after >= 0 {
+		t = earliest(c.logs, after, c.cost)
+	}
+	return t
 }
 
-// TestLimiter_AllowAt_replayTakesNoSlotAfterItsWindow: an admission outlives its window by
-// the grace (2s), and a call repeating it finds it there: a replay, though it counts in no
-// window, and though the quota (1 per 1s) is full; it writes nothing. Once a write has
-// trimmed it, the same member is decided afresh.
-func TestLimiter_AllowAt_replayTakesNoSlotAfterItsWindow(t *testing.T) {
-	t.Parallel()
-	tenant := msQuota(throttle.ScopeTenant, 1, 1000)
-	q := []throttle.Quota{tenant}
-	checkSequence(t, []modelStep{
-		{at: 0, tenant: "acme", quotas: q, member: "a"},
-		{at: 2500, tenant: "acme", quotas: q, member: "b"}, // trims <= -500: a stays
-		{at: 2600, tenant: "acme", quotas: q, member: "a", want: &modelDecision{Allowed: true, Replay: true,
-			Quota: tenant, Count: 1, Remaining: 0, ResetAfter: msDuration(900), At: 2600}},
-		{at: 5000, tenant: "acme", quotas: q, member: "c"}, // trims <= 2000: a goes
-		{at: 5100, tenant: "acme", quotas: q, member: "a", want: &modelDecision{
-			Quota: tenant, Count: 1, Remaining: 0, RetryAfter: msDuration(900), ResetAfter: msDuration(900), At: 5100}},
-	})
+func (c *modelCall) unreserve(cl *callLog, pm string) {
+	delete(cl.st.pending, pm)
+	cl.pRemoved = true
+	c.m.drop(cl, "@"+pm)
 }
 
-// TestLimiter_AllowAt_dueReservationCountsOnlyItsOwnEntries: a due reservation does not
-// count its own entries, and only those in the window. First: a caller 500ms ahead admits
-// c at 2000 (before the grace, that call trimmed TB's entry from the log and not from its
-// reservation set; now both keep it, and checkSequence compares both). The window
-// (500, 1500] holds only TB's own entry, and the admission at 2000 counts: the type quota
-// (1 per 1s) is full, and TB must wait until 3000. Admitting TB at 1500 puts two
-// admissions in (1000, 2000]. Second: one log, two quotas (1 per 1s, 10 per 10s); TB's
-// own entry at 1000 has left the 1s window at 2100, so there it takes nothing off the
-// count: TB is admitted with 1 counted, 0 remaining (not 0 and 1).
-func TestLimiter_AllowAt_dueReservationCountsOnlyItsOwnEntries(t *testing.T) {
-	t.Parallel()
-	typ := msQuota(throttle.ScopeType, 1, 1000)
-	q := []throttle.Quota{typ}
-	checkSequence(t, []modelStep{
-		{at: 0, tenant: "A", quotas: q, member: "a"},
-		{at: 500, tenant: "B", quotas: q, member: "b1", token: "TB", want: &modelDecision{Reserved: true,
-			Quota: typ, Count: 1, RetryAfter: msDuration(500), ResetAfter: msDuration(1500), At: 500}}, // holds 1000
-		{at: 2000, tenant: "C", quotas: q, member: "c"}, // ahead: admitted, trims <= -1000
-		{at: 1500, tenant: "B", quotas: q, member: "b2", token: "TB", want: &modelDecision{Reserved: true,
-			Quota: typ, Count: 1, RetryAfter: msDuration(1500), ResetAfter: msDuration(1500), At: 1500}},
-	})
-
-	second, ten := msQuota(throttle.ScopeType, 1, 1000), msQuota(throttle.ScopeType, 10, 10000)
-	q = []throttle.Quota{second, ten}
-	checkSequence(t, []modelStep{
-		{at: 0, tenant: "A", quotas: q, member: "a"},
-		{at: 500, tenant: "B", quotas: q, member: "b1", token: "TB", want: &modelDecision{Reserved: true,
-			Quota: second, Count: 1, RetryAfter: msDuration(500), ResetAfter: msDuration(10500), At: 500}}, // holds 1000
-		{at: 2100, tenant: "B", quotas: q, member: "b2", token: "TB", want: &modelDecision{Allowed: true,
-			Quota: second, Count: 1, Remaining: 0, ResetAfter: msDuration(10000), At: 2100}},
-	})
+func (c *modelCall) reserve(cl *callLog, pm string, s int64) {
+	c.m.put(cl, "@"+pm, s, costOf("@"+pm))
+	cl.st.pending[pm] = s
+	cl.st.flagP = true
 }
 
-// TestLimiter_AllowAt_dueReservationLapsedReservesAgain: a reservation lapses one window
-// after its instant, though the grace keeps its entry: TB's at 1000 (1 per 1s) has lapsed
-// at 2500, so TB is denied like a new event behind c's admission at 2400, and reserves
-// again at 3400: its entry moves there (in the log and in the reservation set). It counts
-// for no one in between, and at 3400 TB is admitted.
-func TestLimiter_AllowAt_dueReservationLapsedReservesAgain(t *testing.T) {
-	t.Parallel()
-	typ := msQuota(throttle.ScopeType, 1, 1000)
-	q := []throttle.Quota{typ}
-	checkSequence(t, []modelStep{
-		{at: 0, tenant: "A", quotas: q, member: "a"},
-		{at: 100, tenant: "B", quotas: q, member: "b1", token: "TB", want: &modelDecision{Reserved: true,
-			Quota: typ, Count: 1, RetryAfter: msDuration(900), ResetAfter: msDuration(1900), At: 100}}, // holds 1000
-		{at: 2400, tenant: "C", quotas: q, member: "c"}, // trims <= -600: TB's entry stays
-		{at: 2500, tenant: "B", quotas: q, member: "b2", token: "TB", want: &modelDecision{Reserved: true,
-			Quota: typ, Count: 1, RetryAfter: msDuration(900), ResetAfter: msDuration(1900), At: 2500}}, // holds 3400
-		{at: 3400, tenant: "B", quotas: q, member: "b3", token: "TB", want: &modelDecision{Allowed: true,
-			Quota: typ, Count: 1, Remaining: 0, ResetAfter: msDuration(1000), At: 3400}},
-	})
+// fairClaimed: a claimed reservation's tag becomes the type's virtual time if later; its
+// lease goes.
+func (c *modelCall) fairClaimed() {
+	if c.typeLog != nil {
+		if tag, ok := c.fairq[c.token]; ok {
+			delete(c.fairq, c.token)
+			v, _ := strconv.ParseInt(cmp.Or(c.fairh["v"], "0"), 10, 64)
+			if tag > v {
+				c.fairh["v"] = strconv.FormatInt(tag, 10)
+			}
+		}
+	}
+	delete(c.leases, c.token)
 }
 
-// TestLimiter_AllowAt_fairSwapKeepsTheVictimsTenantLimit: when a tenant's event takes
-// another tenant's reservation on the type-wide log (the fair share), the victim's
-// reservation moves there only; its entry in its own tenant log stays where it was. Due
-// at its new instant, the victim must still find its tenant's window full if it is:
-// tenant B's quota is 1 per 1s and B ran at 20100, so TB3 is denied at 21000, until
-// 21100. Admitting it puts two of B's admissions in (20000, 21000]. No clock runs behind.
-func TestLimiter_AllowAt_fairSwapKeepsTheVictimsTenantLimit(t *testing.T) {
-	t.Parallel()
-	tenant, typ := msQuota(throttle.ScopeTenant, 1, 1000), msQuota(throttle.ScopeType, 2, 10000)
-	q := []throttle.Quota{tenant, typ}
-	checkSequence(t, []modelStep{
-		{at: 0, tenant: "B", quotas: q, member: "b1", token: "TB1"}, // admitted
-		{at: 0, tenant: "B", quotas: q, member: "b2", token: "TB2"}, // holds 1000
-		{at: 0, tenant: "B", quotas: q, member: "b3", token: "TB3"}, // holds 10000
-		{at: 0, tenant: "B", quotas: q, member: "b4", token: "TB4"}, // holds 11000
-		{at: 0, tenant: "B", quotas: q, member: "b5", token: "TB5"}, // holds 20000
-		// C takes TB3's slot at 10000; TB3 moves to 21000 on the type-wide log.
-		{at: 100, tenant: "C", quotas: q, member: "c1", token: "TC1", want: &modelDecision{Reserved: true,
-			Quota: typ, Count: 5, RetryAfter: msDuration(9900), ResetAfter: msDuration(30900), At: 100}},
-		{at: 20100, tenant: "B", quotas: q, member: "b8", token: "TB5"}, // admitted at 20100
-		{at: 21000, tenant: "B", quotas: q, member: "b9", token: "TB3", want: &modelDecision{Reserved: true,
-			Quota: tenant, Count: 1, RetryAfter: msDuration(100), ResetAfter: msDuration(10000), At: 21000}},
+// fairSwap takes, for a cost-1 event with tag and earliest instant t, the slot at its fair
+// rank r among the type log's pending reservations: from the first pending at the r-th
+// one's instant, the first of K_FAIR that is another tenant's cost-1 reservation with the
+// same scopes, after now and before t, where the event's other logs have room. The displaced reservation goes to
+// its own earliest instant.
+func (c *modelCall) fairSwap(tag, t int64) bool {
+	tl := c.typeLog
+	rank := 0
+	for _, g := range c.fairq {
+		if g <= tag {
+			rank++
+		}
+	}
+	var pend []string
+	for pm := range tl.st.pending {
+		pend = append(pend, pm)
+	}
+	slices.SortFunc(pend, func(a, b string) int {
+		return cmp.Or(cmp.Compare(tl.st.pending[a], tl.st.pending[b]), strings.Compare(a, b))
 	})
+	if rank >= len(pend) {
+		return false
+	}
+	first := slices.IndexFunc(pend, func(pm string) bool { return tl.st.pending[pm] == tl.st.pending[pend[rank]] })
+	var vpm string
+	var sv int64
+	var vlease modelLease
+	for i := first; i < len(pend) && i < first+modelKFair && vpm == ""; i++ {
+		s := tl.st.pending[pend[i]]
+		if s >= t {
+			break
+		}
+		l, ok := c.leases[pend[i][strings.IndexByte(pend[i], ':')+1:]]
+		if !ok || s <= c.now || !strings.HasPrefix(pend[i], "1:") || l.cost != 1 || l.scopes != c.scopes || l.tenant == c.tenant {
+			continue
+		}
+		room := true
+		for _, cl := range c.logs {
+			if cl != tl && room {
+				room = cl.fits(s, 1)
+			}
+		}
+		if room {
+			vpm, sv, vlease = pend[i], s, l
+		}
+	}
+	if vpm == "" {
+		return false
+	}
+	vtenant, _ := url.PathUnescape(vlease.tenant)
+	vlogs := make([]*callLog, len(c.logs))
+	for j, cl := range c.logs {
+		if cl == tl {
+			vlogs[j] = tl
+			continue
+		}
+		id := modelLogOf(throttle.Key{TaskType: c.req.Key.TaskType, Tenant: vtenant}, throttle.ScopeTenant)
+		vlogs[j] = &callLog{m: c.m, id: id, st: c.m.state(id), q: cl.q, wmax: cl.wmax}
+		c.extra = append(c.extra, vlogs[j])
+	}
+	pm := c.pendingName()
+	for j := range c.logs {
+		c.unreserve(vlogs[j], vpm)
+		c.reserve(c.logs[j], pm, sv)
+	}
+	tv := earliest(vlogs, c.now, 1)
+	for j := range c.logs {
+		c.reserve(vlogs[j], vpm, tv)
+	}
+	return true
 }
 
-// TestLimiter_AllowAt_dueReservationRetryAfter: a due reservation blocked only by an
-// admission scored after now (a caller ahead, under a higher limit) must wait until that
-// admission leaves the window (header: retry-after is the k-th oldest counted score +
-// window - now), not one window from now: c at 1400 holds the room until 2400.
-func TestLimiter_AllowAt_dueReservationRetryAfter(t *testing.T) {
-	t.Parallel()
-	two, three := msQuota(throttle.ScopeType, 2, 1000), msQuota(throttle.ScopeType, 3, 1000)
-	q := []throttle.Quota{two}
-	checkSequence(t, []modelStep{
-		{at: 0, tenant: "A", quotas: q, member: "a1"},
-		{at: 0, tenant: "A", quotas: q, member: "a2"},
-		{at: 500, tenant: "B", quotas: q, cost: 2, member: "b1", token: "TB"}, // holds 1000
-		{at: 1400, tenant: "C", quotas: []throttle.Quota{three}, member: "c"}, // ahead, another limit
-		{at: 1100, tenant: "B", quotas: q, cost: 2, member: "b2", token: "TB", want: &modelDecision{Reserved: true,
-			Quota: two, Count: 1, Remaining: 1, RetryAfter: msDuration(1300), ResetAfter: msDuration(1300), At: 1100}},
-		{at: 2400, tenant: "B", quotas: q, cost: 2, member: "b3", token: "TB", want: &modelDecision{Allowed: true,
-			Quota: two, Count: 2, Remaining: 0, ResetAfter: msDuration(1000), At: 2400}},
-	})
+// reply turns an outcome into the decision, counting after the call's writes.
+func (c *modelCall) reply(o modelOutcome) modelDecision {
+	count := func(i int, at int64) int {
+		return c.quotaLog[i].st.entries.sum(at-c.quotas[i].w, at)
+	}
+	d := modelDecision{Allowed: o.allowed, Replay: o.replay, Reserved: o.reserved, Held: o.held, At: o.at}
+	binding := o.binding
+	at := o.countAt
+	if o.allowed {
+		at = o.at
+		left := 0
+		for i, q := range c.quotas {
+			if l := q.limit - count(i, at); i == 0 || l < left {
+				binding, left = i, l
+			}
+		}
+		if !o.replay {
+			d.Delay = time.Duration(o.at-c.caller) * time.Millisecond
+		}
+	} else {
+		d.RetryAfter = time.Duration(o.retry) * time.Millisecond
+	}
+	d.Quota = c.req.Quotas[binding]
+	d.Count = count(binding, at)
+	d.Remaining = max(c.quotas[binding].limit-d.Count, 0)
+	return d
+}
+
+// release gives up token's reservation of taskType, as Limiter.Release does.
+func (m *model) release(taskType, token string) bool {
+	leases := perType(m.leases, taskType)
+	l, ok := leases[token]
+	if !ok {
+		return false
+	}
+	held := false
+	tenant, _ := url.PathUnescape(l.tenant)
+	for _, sc := range l.scopes {
+		scope := throttle.ScopeTenant
+		if sc == 'y' {
+			scope = throttle.ScopeType
+		}
+		id := modelLogOf(throttle.Key{TaskType: taskType, Tenant: tenant}, scope)
+		st := m.state(id)
+		pm := strconv.Itoa(l.cost) + ":" + token
+		if _, ok := st.pending[pm]; ok && st.flagP {
+			held = true
+			cl := &callLog{m: m, id: id, st: st}
+			delete(st.pending, pm)
+			m.drop(cl, "@"+pm)
+		}
+	}
+	delete(leases, token)
+	delete(perType(m.fairq, taskType), token)
+	return held
+}
+
+// sentinels returns the scores of the log's "#" and "#f" members as the contract says.
+func (st *modelState) sentinels() (hash float64, f float64, hasF bool) {
+	flags := int64(0)
+	if st.flagC {
+		flags++
+	}
+	if st.flagP {
+		flags += 4
+	}
+	if st.hiw > st.hw {
+		flags += 2
+	}
+	hash = float64(8*st.hw + flags - modelBase)
+	if st.hiw > st.hw {
+		return hash, float64(st.hiw - modelBase), true
+	}
+	return hash, 0, false
+}
+
+// maxWindow is the most slots any window of w ms holds in the log: the model's own check
+// of the limit, independent of how decisions were made.
+func (st *modelState) maxWindow(w int64) int {
+	most := 0
+	for _, e := range st.entries {
+		most = max(most, st.entries.sum(e.score-w, e.score))
+	}
+	return most
 }

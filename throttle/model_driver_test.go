@@ -1,0 +1,655 @@
+package throttle_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/url"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+var (
+	modelSeed  = flag.Uint64("model.seed", 0, "TestLimiter_AllowAt_matchesModel: run only this seed (0: the fixed seeds)")
+	modelSteps = flag.Int("model.steps", 2000, "TestLimiter_AllowAt_matchesModel: calls per seed")
+)
+
+// modelSeeds are the seeds the test runs by default: fixed, so that a run is reproducible.
+var modelSeeds = []uint64{1, 2, 3, 4, 5}
+
+// observingClient is a redis.Client whose script calls run in one MULTI/EXEC followed, for
+// every key in watch, by PTTL, PEXPIRETIME, the key's contents, and PERSIST. The model
+// runs on simulated milliseconds while Redis expires keys on its real clock: removing the
+// TTLs in the transaction that set them keeps every key alive on simulated time only, and
+// lets the test check the TTL each call sets and everything each call leaves.
+type observingClient struct {
+	*redis.Client
+	watch []string // the keys to observe after the next script call
+	calls []observedCall
+}
+
+type observedCall struct{ keys map[string]observedKey }
+
+type observedKey struct {
+	pttl, expireTime int64 // ms; -1 no TTL, -2 no key
+	zset             []redis.Z
+	hash             map[string]string
+}
+
+func isHashKey(key string) bool {
+	return strings.HasSuffix(key, "}:leases") || strings.HasSuffix(key, "}:fairstate")
+}
+
+func (c *observingClient) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
+	return c.observe(ctx, func(p redis.Pipeliner) *redis.Cmd { return p.EvalSha(ctx, sha1, keys, args...) })
+}
+
+func (c *observingClient) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	return c.observe(ctx, func(p redis.Pipeliner) *redis.Cmd { return p.Eval(ctx, script, keys, args...) })
+}
+
+func (c *observingClient) observe(ctx context.Context, run func(redis.Pipeliner) *redis.Cmd) *redis.Cmd {
+	var script *redis.Cmd
+	type cmds struct {
+		pttl, expireTime *redis.Cmd
+		zset             *redis.ZSliceCmd
+		hash             *redis.MapStringStringCmd
+	}
+	got := map[string]*cmds{}
+	_, _ = c.Client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		script = run(p)
+		for _, k := range c.watch {
+			o := &cmds{pttl: p.Do(ctx, "PTTL", k), expireTime: p.Do(ctx, "PEXPIRETIME", k)}
+			if isHashKey(k) {
+				o.hash = p.HGetAll(ctx, k)
+			} else {
+				o.zset = p.ZRangeWithScores(ctx, k, 0, -1)
+			}
+			p.Persist(ctx, k)
+			got[k] = o
+		}
+		return nil
+	}) // each command carries its own error; the script's is returned
+	if script.Err() != nil {
+		return script // NOSCRIPT: redis.Script.Run sends EVAL next
+	}
+	call := observedCall{keys: map[string]observedKey{}}
+	for k, o := range got {
+		var ok observedKey
+		ok.pttl, _ = o.pttl.Int64()
+		ok.expireTime, _ = o.expireTime.Int64()
+		if o.hash != nil {
+			ok.hash = o.hash.Val()
+		} else {
+			ok.zset = o.zset.Val()
+		}
+		call.keys[k] = ok
+	}
+	c.calls = append(c.calls, call)
+	return script
+}
+
+// modelOp is one call of the test: a request at an instant, or a release.
+type modelOp struct {
+	req      throttle.Request
+	at       int64
+	why      string // how the generator came to it
+	release  bool   // Limiter.Release(req.Key.TaskType, req.Reservation)
+	decision modelDecision
+}
+
+func (op modelOp) String() string {
+	if op.release {
+		return fmt.Sprintf("release type=%q token=%q", op.req.Key.TaskType, op.req.Reservation)
+	}
+	var quotas []string
+	for _, q := range op.req.Quotas {
+		quotas = append(quotas, q.String())
+	}
+	return fmt.Sprintf("t=%d %s type=%q tenant=%q quotas=[%s] cost=%d member=%q token=%q w=%d wait=%v claim=%v timeout=%v -> %s",
+		op.at, op.why, op.req.Key.TaskType, op.req.Key.Tenant, strings.Join(quotas, " "), op.req.Cost, op.req.Member,
+		op.req.Reservation, op.req.Weight, op.req.MaxWait, op.req.ClaimWait, op.req.ClaimTimeout, op.decision)
+}
+
+// modelTenants are tenant ids, several of them chosen to break a key or to look like
+// another one; modelWeights gives some of them a fair-share weight other than 1.
+var (
+	modelTenants = []string{"acme", "", "{", "}", "{acme}", ":", "a:tenant:b", "%41", "A", "ü", "a b", "x}:type", "pending:x"}
+	modelWeights = map[string]int{"acme": 3, "A": 2, "ü": 5}
+)
+
+// modelType is one task type and its rule.
+type modelType struct {
+	name   string
+	quotas []throttle.Quota // nil: a new random set for every request, as while rules change
+	big    bool             // large limits and costs: long backlogs, the scan and renumber bounds
+}
+
+// modelUnit is the generator's unit of time, in ms. Windows are 1-50 units and the clock
+// moves 0-20 units a step; a TTL, which Redis runs on its real clock, is never under 100ms
+// (Redis 7.0 can expire a key with a 1ms TTL inside the MULTI/EXEC that sets it and reads
+// it back). Probes 1ms before RetryAt and instants off the grid keep decisions exact to
+// the millisecond.
+const modelUnit = 100
+
+// modelGen generates the calls of one seed.
+type modelGen struct {
+	rng     *rand.Rand
+	types   []modelType
+	now     int64
+	n       int
+	past    []modelOp // recent requests, to retry with the same member
+	waiting []modelOp // requests holding a reservation, to come back or be released
+	plan    []modelOp // calls to make next, before any other
+	backs   []modelOp // reserved tasks that come back around their instant, at op.at
+}
+
+func newModelGen(seed uint64) *modelGen {
+	g := &modelGen{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: 1_700_000_000_000}
+	g.types = []modelType{
+		{name: "api:call", quotas: []throttle.Quota{g.quota(throttle.ScopeTenant)}},
+		{name: "{mail}", quotas: []throttle.Quota{g.quota(throttle.ScopeTenant), g.quota(throttle.ScopeType)}},
+		{name: "report:pending:x", quotas: []throttle.Quota{g.quota(throttle.ScopeType), g.quota(throttle.ScopeTenant), g.quota(throttle.ScopeTenant)}},
+		{name: "}{", quotas: nil},
+		{name: "llm", big: true, quotas: []throttle.Quota{
+			{Scope: throttle.ScopeTenant, Limit: throttle.Limit{Events: 20 + g.rng.IntN(40), Window: msDuration((10 + g.rng.Int64N(20)) * modelUnit)}},
+			{Scope: throttle.ScopeType, Limit: throttle.Limit{Events: 80 + g.rng.IntN(100), Window: msDuration((5 + g.rng.Int64N(20)) * modelUnit)}}}},
+	}
+	return g
+}
+
+// quota returns a random quota at scope: 1-8 events per 1-50 units, with a few windows
+// made likely so that quotas tie.
+func (g *modelGen) quota(scope throttle.Scope) throttle.Quota {
+	w := 1 + g.rng.Int64N(50)
+	if g.rng.IntN(2) == 0 {
+		w = []int64{5, 10, 20}[g.rng.IntN(3)]
+	}
+	return throttle.Quota{Scope: scope, Limit: throttle.Limit{Events: 1 + g.rng.IntN(8), Window: msDuration(w * modelUnit)}}
+}
+
+func (g *modelGen) member() string {
+	g.n++
+	return fmt.Sprintf([]string{"m%d", "1:x%d", "x%d:2", "{y%d}", "ü%d"}[g.rng.IntN(5)], g.n)
+}
+
+func (g *modelGen) token() string {
+	g.n++
+	return fmt.Sprintf([]string{"T%d", "T:%d", "T{%d}", "T@%d", "9:%d"}[g.rng.IntN(5)], g.n)
+}
+
+// waits gives a request the caller's horizons and claim timeout.
+func (g *modelGen) waits(req *throttle.Request) {
+	if g.rng.IntN(3) == 0 {
+		req.MaxWait = msDuration(g.rng.Int64N(5) * modelUnit)
+	}
+	if g.rng.IntN(2) == 0 {
+		req.ClaimWait = msDuration(g.rng.Int64N(20) * modelUnit)
+	}
+	if g.rng.IntN(2) == 0 {
+		req.ClaimTimeout = msDuration((1 + g.rng.Int64N(40)) * modelUnit)
+	}
+	req.Weight = modelWeights[req.Key.Tenant]
+	req.Holder = fmt.Sprintf("q%d/%s", g.rng.IntN(3), req.Reservation)
+}
+
+// next returns the next call.
+func (g *modelGen) next(m *model) modelOp {
+	if len(g.plan) > 0 {
+		op := g.plan[0]
+		g.plan = g.plan[1:]
+		g.now = max(g.now, op.at)
+		op.at = g.now
+		return op
+	}
+	if i := slices.IndexFunc(g.backs, func(b modelOp) bool { return b.at <= g.now+20*modelUnit }); i >= 0 {
+		op := g.backs[i]
+		g.backs = slices.Delete(g.backs, i, i+1)
+		g.now = max(g.now, op.at)
+		op.at = g.now
+		return op
+	}
+	switch r := g.rng.IntN(100); {
+	case r < 5: // a caller whose clock is behind
+		g.now -= (1 + g.rng.Int64N(60)) * modelUnit
+	case r < 8: // a pause: most windows empty out
+		g.now += (50 + g.rng.Int64N(200)) * modelUnit
+	default:
+		g.now += g.rng.Int64N(21) * modelUnit
+	}
+	if g.rng.IntN(10) == 0 { // off the grid
+		g.now += g.rng.Int64N(5) - 2
+	}
+	switch r := g.rng.IntN(100); {
+	case r < 6 && len(g.past) > 0: // a call retried with the same member (its reply was lost)
+		op := g.past[g.rng.IntN(len(g.past))]
+		return modelOp{req: op.req, at: g.now, why: "again(" + op.why + ")"}
+	case r < 20 && len(g.waiting) > 0: // a task with a reservation comes back, early, on time or late
+		i := g.rng.IntN(len(g.waiting))
+		w := g.waiting[i]
+		req := w.req
+		req.Member = g.member()
+		at := w.at + w.decision.RetryAfter.Milliseconds()
+		switch g.rng.IntN(5) {
+		case 0:
+			at -= g.rng.Int64N(25 * modelUnit)
+		case 1:
+			at += g.rng.Int64N(3) - 1
+		case 2:
+			at += g.rng.Int64N(50 * modelUnit)
+		default:
+			at = g.now
+		}
+		g.now = max(g.now, at)
+		return modelOp{req: req, at: g.now, why: "back"}
+	case r < 23 && len(g.waiting) > 0: // its task was deleted: the sweeper releases it
+		w := g.waiting[g.rng.IntN(len(g.waiting))]
+		return modelOp{req: w.req, at: g.now, release: true, why: "release"}
+	}
+	typ := g.types[g.rng.IntN(len(g.types))]
+	if r := g.rng.IntN(100); (r < 3 || typ.big && r < 25) && typ.quotas != nil && slices.ContainsFunc(typ.quotas, func(q throttle.Quota) bool { return q.Scope == throttle.ScopeType }) {
+		// A backlog: one tenant's burst of tasks at once, then other tenants' few, all with
+		// reservations: what the fair share on a type-wide quota is for.
+		tenants := g.rng.Perm(len(modelTenants))
+		n := 4 + g.rng.IntN(12)
+		if typ.big {
+			n = 20 + g.rng.IntN(130)
+		}
+		for i := range n {
+			tenant := modelTenants[tenants[0]]
+			if i >= n/2+g.rng.IntN(n/2) {
+				tenant = modelTenants[tenants[1+g.rng.IntN(2)]]
+			}
+			req := throttle.Request{Key: throttle.Key{TaskType: typ.name, Tenant: tenant}, Quotas: typ.quotas,
+				Cost: 1, Member: g.member(), Reservation: g.token()}
+			if typ.big && g.rng.IntN(2) == 0 {
+				req.Cost = 1 + g.rng.IntN(6)
+			}
+			g.waits(&req)
+			g.plan = append(g.plan, modelOp{req: req, at: g.now + g.rng.Int64N(3), why: "burst"})
+		}
+		return g.next(m)
+	}
+	quotas := typ.quotas
+	if quotas == nil {
+		for range 1 + g.rng.IntN(3) {
+			quotas = append(quotas, g.quota([]throttle.Scope{throttle.ScopeTenant, throttle.ScopeType}[g.rng.IntN(2)]))
+		}
+	}
+	most := quotas[0].Limit.Events
+	for _, q := range quotas {
+		most = min(most, q.Limit.Events)
+	}
+	key := throttle.Key{TaskType: typ.name, Tenant: modelTenants[g.rng.IntN(len(modelTenants))]}
+	if st := m.logs[modelLogOf(key, quotas[0].Scope)]; st != nil && len(st.entries) > 0 && g.rng.IntN(10) == 0 {
+		// At the boundary: when an entry leaves the first quota's window, or 1ms before.
+		g.now = max(g.now, st.entries[g.rng.IntN(len(st.entries))].score+quotas[0].Limit.Window.Milliseconds()-g.rng.Int64N(2))
+	}
+	req := throttle.Request{Key: key, Quotas: quotas, Cost: 1 + g.rng.IntN(min(most, 8)), Member: g.member()}
+	if g.rng.IntN(4) == 0 {
+		req.Cost = 0 // the default, 1
+	}
+	switch g.rng.IntN(6) {
+	case 0, 1, 2:
+		req.Reservation = g.token()
+	case 3: // the same id for both, as a caller may pass a task id as each
+		req.Reservation = req.Member
+	}
+	g.waits(&req)
+	return modelOp{req: req, at: g.now, why: "new"}
+}
+
+// done records op's decision. After a denial without a reservation it sometimes plans the
+// same event 1ms before RetryAt (denied, RetryAfter 1ms, if nothing changes meanwhile)
+// and at RetryAt (admitted if nothing is decided in between: rule 4).
+func (g *modelGen) done(op modelOp) {
+	if op.release {
+		g.waiting = slices.DeleteFunc(g.waiting, func(w modelOp) bool { return w.req.Reservation == op.req.Reservation })
+		return
+	}
+	g.past = append(g.past, op)
+	if len(g.past) > 50 {
+		g.past = g.past[1:]
+	}
+	tok := op.req.Reservation
+	g.waiting = slices.DeleteFunc(g.waiting, func(w modelOp) bool { return tok != "" && w.req.Reservation == tok })
+	g.backs = slices.DeleteFunc(g.backs, func(w modelOp) bool { return tok != "" && w.req.Reservation == tok })
+	if op.decision.Reserved {
+		g.waiting = append(g.waiting, op)
+		if len(g.waiting) > 200 {
+			g.waiting = g.waiting[1:]
+		}
+		if g.rng.IntN(4) != 0 { // it comes back around its instant, as a woken task does
+			back := op
+			back.req.Member = g.member()
+			back.why = "back@"
+			at := op.at + op.decision.RetryAfter.Milliseconds()
+			switch g.rng.IntN(4) {
+			case 0: // early, within its claim wait or not
+				at -= g.rng.Int64N(op.req.ClaimWait.Milliseconds() + 3*modelUnit)
+			case 1: // on time, or 1ms off
+				at += g.rng.Int64N(3) - 1
+			case 2: // late, within its claim timeout or not
+				at += g.rng.Int64N(op.req.ClaimTimeout.Milliseconds() + 10*modelUnit)
+			case 3: // early by the time it would wait in its handler
+				at -= op.req.ClaimWait.Milliseconds()
+			}
+			back.at = at
+			g.backs = append(g.backs, back)
+		}
+	}
+}
+
+// modelKeys lists every key of the task types of the model and of op: what the test
+// compares after each call.
+func modelKeys(m *model, prefix string, taskType string, op modelOp) []string {
+	set := map[string]bool{}
+	base := prefix + ":{" + url.PathEscape(taskType) + "}:"
+	for _, k := range []string{base + "leases", base + "fair", base + "fairstate"} {
+		set[k] = true
+	}
+	for id := range m.logs {
+		if id.taskType == taskType {
+			l, p, c := id.keys(prefix)
+			set[l], set[p], set[c] = true, true, true
+		}
+	}
+	if !op.release {
+		for _, q := range op.req.Quotas {
+			l, p, c := modelLogOf(op.req.Key, q.Scope).keys(prefix)
+			set[l], set[p], set[c] = true, true, true
+		}
+	}
+	return slices.Sorted(maps.Keys(set))
+}
+
+var leaseCreated = regexp.MustCompile(`^(\d+:[a-z]+:)\d+:`)
+
+// checkKeys compares every observed key with the model.
+func checkKeys(fail func(string, ...any), m *model, prefix, taskType string, call observedCall, ttls modelTTLs, serverMS int64) {
+	base := prefix + ":{" + url.PathEscape(taskType) + "}:"
+	want := map[string]observedKey{}
+	for id, st := range m.logs {
+		if id.taskType != taskType {
+			continue
+		}
+		l, p, c := id.keys(prefix)
+		var lz, pz, cz []redis.Z
+		if st.hw >= 0 {
+			h, f, hasF := st.sentinels()
+			lz = append(lz, redis.Z{Score: h, Member: "#"})
+			if hasF {
+				lz = append(lz, redis.Z{Score: f, Member: "#f"})
+			}
+		}
+		for _, e := range st.entries {
+			lz = append(lz, redis.Z{Score: float64(e.score), Member: e.name})
+		}
+		for pm, s := range st.pending {
+			pz = append(pz, redis.Z{Score: float64(s), Member: pm})
+		}
+		for _, e := range st.entries.weighted() {
+			cz = append(cz, redis.Z{Score: float64(e.score), Member: fmt.Sprintf("%016d|%s", e.cum, e.cname)})
+		}
+		want[l], want[p], want[c] = observedKey{zset: lz}, observedKey{zset: pz}, observedKey{zset: cz}
+	}
+	leases := map[string]string{}
+	for tok, l := range m.leases[taskType] {
+		leases[tok] = fmt.Sprintf("%d:%s:%d:%s%s", l.cost, l.scopes, len(l.holder), l.holder, l.tenant)
+	}
+	fair := []redis.Z{}
+	for tok, tag := range m.fairq[taskType] {
+		fair = append(fair, redis.Z{Score: float64(tag), Member: tok})
+	}
+	want[base+"leases"] = observedKey{hash: leases}
+	want[base+"fair"] = observedKey{zset: fair}
+	want[base+"fairstate"] = observedKey{hash: maps.Clone(m.fairh[taskType])}
+	for k, o := range call.keys {
+		w := want[k]
+		if isHashKey(k) {
+			got := o.hash
+			if strings.HasSuffix(k, "}:leases") {
+				got = map[string]string{}
+				for tok, rec := range o.hash {
+					got[tok] = leaseCreated.ReplaceAllString(rec, "$1")
+				}
+			}
+			if len(got) != len(w.hash) || !maps.Equal(got, w.hash) {
+				fail("%s differs:\nscript %v\nmodel  %v", k, got, w.hash)
+			}
+			checkTTL(fail, k, o, ttls, len(got) > 0, serverMS)
+			continue
+		}
+		sortZ(w.zset)
+		if !slices.Equal(o.zset, w.zset) {
+			fail("%s differs:\nscript %v\nmodel  %v", k, o.zset, w.zset)
+		}
+		checkTTL(fail, k, o, ttls, len(o.zset) > 0, serverMS)
+	}
+}
+
+// sortZ sorts as a sorted set does: by score, then member.
+func sortZ(z []redis.Z) {
+	sort.Slice(z, func(i, j int) bool {
+		if z[i].Score != z[j].Score {
+			return z[i].Score < z[j].Score
+		}
+		return z[i].Member.(string) < z[j].Member.(string)
+	})
+}
+
+// checkTTL checks the TTL of one key: as the model says if the call set it, else none
+// (-1, PERSISTed after the call that set it), or no key (-2) if it is empty.
+func checkTTL(fail func(string, ...any), key string, o observedKey, ttls modelTTLs, exists bool, serverMS int64) {
+	ttl, set := ttls[key]
+	switch {
+	case !exists && (o.pttl != -2 || o.expireTime != -2):
+		fail("%s: PTTL %d, PEXPIRETIME %d for an empty key; want -2 (no key)", key, o.pttl, o.expireTime)
+	case exists && set && (o.pttl > ttl || o.expireTime-serverMS < ttl):
+		fail("%s: PTTL %d ms, PEXPIRETIME - TIME %d ms; want the TTL set to %d ms in between", key, o.pttl, o.expireTime-serverMS, ttl)
+	case exists && !set && (o.pttl != -1 || o.expireTime != -1):
+		fail("%s: PTTL %d, PEXPIRETIME %d; want -1 (no PEXPIRE in this call)", key, o.pttl, o.expireTime)
+	}
+}
+
+// checkLimits is the model's own check that no window of a fixed rule holds more than its
+// limit, whatever was decided.
+func checkLimits(fail func(string, ...any), m *model, types []modelType) {
+	for _, typ := range types {
+		for _, q := range typ.quotas {
+			for id, st := range m.logs {
+				if id.taskType == typ.name && id.scope == q.Scope {
+					if most := st.maxWindow(q.Limit.Window.Milliseconds()); most > q.Limit.Events {
+						fail("log %+v holds %d slots in a window of %s, over its limit %d", id, most, q.Limit.Window, q.Limit.Events)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestLimiter_AllowAt_matchesModel(t *testing.T) {
+	t.Parallel()
+	seeds := modelSeeds
+	if *modelSeed != 0 {
+		seeds = []uint64{*modelSeed}
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Parallel()
+			runModel(t, seed, *modelSteps)
+		})
+	}
+}
+
+// runModel makes steps calls of seed on a fresh server and the model, and compares them.
+func runModel(t *testing.T, seed uint64, steps int) map[string]int {
+	rdb := &observingClient{Client: redistest.Start(t)}
+	l, err := throttle.New(rdb, throttle.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newModel(throttle.DefaultPrefix)
+	g := newModelGen(seed)
+	stats := map[string]int{}
+	var trace []string
+	ctx := context.Background()
+	for i := range steps {
+		op := g.next(m)
+		rdb.watch = modelKeys(m, throttle.DefaultPrefix, op.req.Key.TaskType, op)
+		rdb.calls = nil
+		fail := func(format string, a ...any) {
+			t.Helper()
+			start := max(0, len(trace)-40)
+			t.Fatalf("seed %d step %d: %s: %s\nlast calls (-> the model's decision):\n  %s", seed, i, op, fmt.Sprintf(format, a...),
+				strings.Join(trace[start:], "\n  "))
+		}
+		var ttls modelTTLs
+		var serverMS int64
+		if op.release {
+			want := m.release(op.req.Key.TaskType, op.req.Reservation)
+			got, err := l.Release(ctx, op.req.Key.TaskType, op.req.Reservation)
+			if err != nil || got != want {
+				fail("Release = %v, %v; the model says %v", got, err, want)
+			}
+			ttls = modelTTLs{}
+			serverMS = time.Now().UnixMilli()
+			stats["release"]++
+		} else {
+			op.decision, ttls = m.decide(op.req, op.at)
+			serverMS = time.Now().UnixMilli() // the server's clock is this machine's: before the call
+			d, err := l.AllowAt(ctx, op.req, time.UnixMilli(op.at))
+			if err != nil {
+				fail("AllowAt: %v", err)
+			}
+			if got := modelDecisionOf(d); got != op.decision {
+				trace = append(trace, op.String())
+				fail("decisions differ:\nscript %s\nmodel  %s", got, op.decision)
+			}
+			countModelCase(stats, op)
+		}
+		trace = append(trace, op.String())
+		if len(rdb.calls) != 1 {
+			fail("%d script calls observed, want 1", len(rdb.calls))
+		}
+		checkKeys(fail, m, throttle.DefaultPrefix, op.req.Key.TaskType, rdb.calls[0], ttls, serverMS)
+		checkLimits(fail, m, g.types)
+		g.done(op)
+	}
+	maps.Copy(stats, m.notes)
+	return stats
+}
+
+// countModelCase counts the kinds of calls a run made.
+func countModelCase(stats map[string]int, op modelOp) {
+	d := op.decision
+	inc := func(c string, cond bool) {
+		if cond {
+			stats[c]++
+		}
+	}
+	inc("admitted", d.Allowed && !d.Replay)
+	inc("admittedAhead", d.Allowed && d.Delay > 0)
+	inc("replay", d.Replay)
+	inc("denied", !d.Allowed && !d.Reserved)
+	inc("reserved", d.Reserved && !d.Held)
+	inc("heldNotDue", d.Reserved && d.Held)
+	inc("claimed", d.Allowed && d.Held)
+	inc("cost>1", op.req.Cost > 1)
+	inc("multiQuota", len(op.req.Quotas) > 1)
+	inc("deniedBy2nd+", !d.Allowed && d.Quota != op.req.Quotas[0])
+}
+
+// modelStep is one call of a fixed sequence, with, for the calls that matter, the decision
+// the contract asks for.
+type modelStep struct {
+	at      int64
+	tenant  string
+	quotas  []throttle.Quota
+	cost    int
+	member  string
+	token   string
+	weight  int
+	wait    int64 // MaxWait, ms
+	claim   int64 // ClaimWait, ms
+	timeout int64 // ClaimTimeout, ms
+	release bool
+	want    *modelDecision // nil: whatever the model decides
+}
+
+// checkSequence makes the calls of steps on a fresh server for task type "api:call" and
+// requires of each the model's decision, keys and TTLs, and of a step with want, that
+// the model's decision is want (so the expectation is written out, not only computed).
+func checkSequence(t *testing.T, steps []modelStep) *model {
+	t.Helper()
+	rdb := &observingClient{Client: redistest.Start(t)}
+	l, err := throttle.New(rdb, throttle.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newModel(throttle.DefaultPrefix)
+	var trace []string
+	for i, s := range steps {
+		op := modelOp{req: throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: s.tenant}, Quotas: s.quotas,
+			Cost: s.cost, Member: s.member, Reservation: s.token, Weight: s.weight, MaxWait: msDuration(s.wait),
+			ClaimWait: msDuration(s.claim), ClaimTimeout: msDuration(s.timeout)}, at: s.at, why: "step", release: s.release}
+		if op.req.Member == "" {
+			op.req.Member = fmt.Sprintf("m%d", i)
+		}
+		rdb.watch = modelKeys(m, throttle.DefaultPrefix, "api:call", op)
+		rdb.calls = nil
+		fail := func(format string, a ...any) {
+			t.Helper()
+			t.Fatalf("step %d: %s\nsteps (-> the contract's decision):\n  %s", i, fmt.Sprintf(format, a...), strings.Join(trace, "\n  "))
+		}
+		var ttls modelTTLs
+		var serverMS int64
+		if s.release {
+			want := m.release("api:call", s.token)
+			if got, err := l.Release(context.Background(), "api:call", s.token); err != nil || got != want {
+				fail("Release = %v, %v; the model says %v", got, err, want)
+			}
+			ttls, serverMS = modelTTLs{}, time.Now().UnixMilli()
+			trace = append(trace, op.String())
+		} else {
+			op.decision, ttls = m.decide(op.req, op.at)
+			trace = append(trace, op.String())
+			if s.want != nil && op.decision != *s.want {
+				fail("the model decides %s, the test expects %s", op.decision, *s.want)
+			}
+			serverMS = time.Now().UnixMilli() // the server's clock is this machine's: before the call
+			d, err := l.AllowAt(context.Background(), op.req, time.UnixMilli(op.at))
+			if err != nil {
+				fail("AllowAt: %v", err)
+			}
+			if got := modelDecisionOf(d); got != op.decision {
+				fail("decisions differ:\nscript %s\nwant   %s", got, op.decision)
+			}
+		}
+		if len(rdb.calls) != 1 {
+			fail("%d script calls observed, want 1", len(rdb.calls))
+		}
+		checkKeys(fail, m, throttle.DefaultPrefix, "api:call", rdb.calls[0], ttls, serverMS)
+	}
+	return m
+}
+
+func msDuration(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+
+func msQuota(scope throttle.Scope, events int, windowMS int64) throttle.Quota {
+	return throttle.Quota{Scope: scope, Limit: throttle.Limit{Events: events, Window: msDuration(windowMS)}}
+}
+
+var _ = strconv.Itoa

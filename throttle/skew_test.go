@@ -1,0 +1,100 @@
+package throttle_test
+
+import (
+	"context"
+	_ "embed"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/rs/xid"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// Skew without a grace multiplier (core v2, rule 3): a log keeps its longest window's
+// entries and two sentinels; a call stamped before the latest instant a write was decided
+// at is decided at that instant.
+
+//go:embed testdata/seed_sliding_window.lua
+var seedScriptSrc string
+
+// seedScript is the plain script this project grew from, a test fixture: the yardstick.
+var seedScript = redis.NewScript(seedScriptSrc)
+
+// TestLimiter_AllowAt_memoryAtLimit: a key of 100/1s at its limit (an admission every
+// 10ms for 5s) holds its 100 entries and one sentinel, in at most 1.1 times the memory of
+// the seed script's key fed the same admissions with xid members (MEMORY USAGE). v1 kept
+// 2s of grace beyond the window: 300 entries, 10.4 times the seed's memory.
+func TestLimiter_AllowAt_memoryAtLimit(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Start(t)
+	l, err := throttle.New(rdb, throttle.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: "acme"}, Quotas: []throttle.Quota{tenantQuota(100, time.Second)}}
+	for i := range 500 {
+		at := int64(1_700_000_000_000 + 10*i)
+		if d := allowAtV2(t, l, req, at); !d.Allowed {
+			t.Fatalf("call %d at +%dms denied: %+v", i, 10*i, d)
+		}
+		r, err := seedScript.Run(ctx, rdb, []string{"seed"}, at, 1000, 100, xid.New().String()).Int64Slice()
+		if err != nil || r[0] != 1 {
+			t.Fatalf("seed call %d: %v %v", i, r, err)
+		}
+	}
+	key := l.RedisKey(req.Key, throttle.ScopeTenant)
+	if n := zcardOf(t, rdb, key); n != 101 {
+		t.Errorf("the log holds %d members, want 101: its window's 100 entries and the sentinel", n)
+	}
+	ours, seed := memoryOf(t, rdb, key), memoryOf(t, rdb, "seed")
+	t.Logf("MEMORY USAGE: ours %d B, the seed's %d B (%.2f x)", ours, seed, float64(ours)/float64(seed))
+	if float64(ours) > 1.1*float64(seed) {
+		t.Errorf("our key takes %d B, the seed's %d B: more than 1.1 x", ours, seed)
+	}
+}
+
+func zcardOf(t *testing.T, rdb *redis.Client, key string) int64 {
+	t.Helper()
+	n, err := rdb.ZCard(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func memoryOf(t *testing.T, rdb *redis.Client, key string) int64 {
+	t.Helper()
+	n, err := rdb.MemoryUsage(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestLimiter_AllowAt_lateCallerDecidedAtHighWater: limit 1/1s for acme. A is admitted at
+// 1000; B at 2100, whose write trims A (at or before 1100). C, stamped 1050 by a clock
+// that is behind, would count the window (50, 1050], which truly held A: decided there,
+// after A was trimmed, it would be a second admission in that window. It is decided at
+// 2100 instead: denied until 3100, 2050ms on its own clock. Limit 2/1s for globex, same
+// calls: the late one is admitted for 2100, 100ms after its own clock's now (Delay), and
+// one more is denied until the entry at 2100 leaves, at 3100.
+func TestLimiter_AllowAt_lateCallerDecidedAtHighWater(t *testing.T) {
+	t.Parallel()
+	one, two := msQuota(throttle.ScopeTenant, 1, 1_000), msQuota(throttle.ScopeTenant, 2, 1_000)
+	checkSequence(t, []modelStep{
+		{at: 1_000, tenant: "acme", quotas: []throttle.Quota{one}},
+		{at: 2_100, tenant: "acme", quotas: []throttle.Quota{one}, want: &modelDecision{Allowed: true, Quota: one, Count: 1, Remaining: 0, At: 2_100}},
+		{at: 1_050, tenant: "acme", quotas: []throttle.Quota{one}, want: &modelDecision{Quota: one, Count: 1, Remaining: 0,
+			RetryAfter: msDuration(2_050), At: 2_100}},
+		{at: 1_000, tenant: "globex", quotas: []throttle.Quota{two}},
+		{at: 2_100, tenant: "globex", quotas: []throttle.Quota{two}},
+		{at: 2_000, tenant: "globex", quotas: []throttle.Quota{two}, want: &modelDecision{Allowed: true, Quota: two, Count: 2, Remaining: 0,
+			Delay: msDuration(100), At: 2_100}},
+		{at: 2_050, tenant: "globex", quotas: []throttle.Quota{two}, want: &modelDecision{Quota: two, Count: 2, Remaining: 0,
+			RetryAfter: msDuration(1_050), At: 2_100}},
+	})
+}
