@@ -19,15 +19,10 @@ import (
 )
 
 // This file runs the limiter on a 3-master Redis Cluster (redistest.StartCluster). Every
-// key one decision passes (window logs, reservation sets, the owners hash) must hash to
-// the task type's slot, or the script fails with CROSSSLOT; and the decisions must be
-// exactly those a single node makes.
-
-// clusterOutcome is an outcome and whether the event holds a reservation.
-type clusterOutcome struct {
-	outcome
-	Reserved bool
-}
+// key one decision touches (window logs, their pending and cost sets, the type's leases,
+// fair tags and fair state, and for a fairness swap another tenant's logs) must hash to
+// the task type's slot, or the script fails with CROSSSLOT or a non-local key; and the
+// decisions must be exactly those a single node makes.
 
 // clusterStep is one call of a scenario: tenant's event at instant at (ms), holding the
 // reservation resv ("" for none), and the exact decision it must get.
@@ -35,7 +30,7 @@ type clusterStep struct {
 	at     int64
 	tenant string
 	resv   string
-	want   clusterOutcome
+	want   outcome
 }
 
 // clusterRun plays steps for taskType under quotas on every limiter in ls (named by their
@@ -46,8 +41,8 @@ func clusterRun(t *testing.T, ls map[string]*throttle.Limiter, taskType string, 
 		for i, s := range steps {
 			req := throttle.Request{Key: throttle.Key{TaskType: taskType, Tenant: s.tenant}, Quotas: quotas, Reservation: s.resv}
 			d := allowAt(t, l, req, s.at)
-			if got := (clusterOutcome{outcomeOf(d), d.Reserved}); got != s.want {
-				t.Errorf("%s: step %d (t=%d tenant %q reservation %q):\n got %+v\nwant %+v", name, i, s.at, s.tenant, s.resv, got, s.want)
+			if got := outcomeOf(d); got != s.want {
+				t.Errorf("%s: step %d (t=%d tenant %q reservation %q):\n got %s\nwant %s", name, i, s.at, s.tenant, s.resv, got, s.want)
 			}
 		}
 	}
@@ -109,6 +104,24 @@ func clusterTagSlot(t *testing.T, rdb *redis.ClusterClient, taskType string) int
 	return slot
 }
 
+// clusterScan returns the keys matching pattern on each master, by address.
+func clusterScan(t *testing.T, masters map[string]*redis.Client, pattern string) map[string][]string {
+	t.Helper()
+	ctx := context.Background()
+	found := map[string][]string{}
+	for addr, m := range masters {
+		it := m.Scan(ctx, 0, pattern, 100).Iterator()
+		for it.Next(ctx) {
+			found[addr] = append(found[addr], it.Val())
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(found[addr])
+	}
+	return found
+}
+
 // TestLimiter_AllowAtCluster decides on a 3-master Redis Cluster: quotas at both scopes,
 // reservations with the fairness swap, hostile task types and tenants, and task types on
 // every master at once. The first two run the same calls on a single node too: both must
@@ -123,35 +136,39 @@ func TestLimiter_AllowAtCluster(t *testing.T) {
 	}
 	ctx := context.Background()
 
-	// Type 3/1s and tenant 2/1s: two window logs and their two reservation sets in one
-	// script call. A denial by one quota takes nothing from the other.
+	// Type 3/1s and tenant 2/1s: two window logs in one script call. A denial by one quota
+	// takes nothing from the other. An admission names the quota with the fewest slots
+	// left (the first on ties), a denial the first with no room at its instant.
 	t.Run("TenantAndTypeQuotas", func(t *testing.T) {
 		t.Parallel()
 		tq, nq := typeQuota(3, time.Second), tenantQuota(2, time.Second)
-		admit := func(q throttle.Quota, count, reset int64) clusterOutcome {
-			return clusterOutcome{outcome: outcome{Allowed: true, Quota: q, Count: int(count),
-				Remaining: q.Limit.Events - int(count), ResetAfter: msd(reset)}}
+		admit := func(q throttle.Quota, count int, at int64) outcome {
+			return outcome{Allowed: true, Quota: q, Count: count, Remaining: q.Limit.Events - count, At: at}
 		}
-		deny := func(q throttle.Quota, retry, reset int64) clusterOutcome {
-			return clusterOutcome{outcome: outcome{Quota: q, Count: q.Limit.Events,
-				RetryAfter: msd(retry), ResetAfter: msd(reset)}}
+		deny := func(q throttle.Quota, retry, at int64) outcome {
+			return outcome{Quota: q, Count: q.Limit.Events, RetryAfter: msd(retry), At: at}
 		}
 		clusterRun(t, both, "api:call", []throttle.Quota{tq, nq}, []clusterStep{
-			{at: 0, tenant: "A", want: admit(nq, 1, 1000)},
-			{at: 1, tenant: "A", want: admit(nq, 2, 1000)},
-			{at: 2, tenant: "A", want: deny(nq, 998, 999)}, // A's oldest (t=0) leaves its window at 1000
-			{at: 3, tenant: "B", want: admit(tq, 3, 1000)}, // A's denial took no type slot
-			{at: 4, tenant: "B", want: deny(tq, 996, 999)}, // the type is full until t=0 leaves
-			{at: 5, tenant: "C", want: deny(tq, 995, 998)},
+			{at: 0, tenant: "A", want: admit(nq, 1, 0)},
+			{at: 1, tenant: "A", want: admit(nq, 2, 1)},
+			{at: 2, tenant: "A", want: deny(nq, 998, 2)}, // A's oldest (t=0) leaves its window at 1000
+			{at: 3, tenant: "B", want: admit(tq, 3, 3)},  // A's denial took no type slot
+			{at: 4, tenant: "B", want: deny(tq, 996, 4)}, // the type is full until t=0 leaves
+			{at: 5, tenant: "C", want: deny(tq, 995, 5)},
 			{at: 1000, tenant: "A", want: admit(tq, 3, 1000)}, // at 2 + 998, as promised
 			{at: 1000, tenant: "B", want: deny(tq, 1, 1000)},  // type: 1, 3, 1000; t=1 leaves at 1001
+			// Stamped behind the logs' high-water (1000): decided there.
+			{at: 900, tenant: "C", want: deny(tq, 1001-900, 1000)},
 		})
 	})
 
 	// Type 4/1s. Tenant A is admitted 4 times at t=0 and reserves 8 more: t=1000 x4 and
-	// t=2000 x4. Tenant B reserves 2 at t=100 and, by the fairness swap, takes 2 of A's
-	// slots at t=1000; A's two displaced reservations move behind its backlog, to t=3000.
-	// The owners hash is a third key in the script call.
+	// t=2000 x4, fair tags 1..8 (x 10^6). Tenant B reserves 2 at t=100 with tags 1 and 2:
+	// by the fairness swap each takes, from the first reservation pending at its fair
+	// rank's instant (1000), the first of another tenant: A-4, then A-5, which move to
+	// t=3000, their own earliest instants. So t=1000 holds 2 of A and 2 of B. Leases,
+	// fair tags and fair state are three more keys in the script call, and the swap
+	// touches none but the type's.
 	t.Run("ReservationsFairness", func(t *testing.T) {
 		t.Parallel()
 		const taskType = "fair:call"
@@ -159,78 +176,71 @@ func TestLimiter_AllowAtCluster(t *testing.T) {
 		var steps []clusterStep
 		for i := range 4 {
 			steps = append(steps, clusterStep{at: 0, tenant: "A", resv: fmt.Sprintf("A-%d", i),
-				want: clusterOutcome{outcome: outcome{Allowed: true, Quota: tq, Count: i + 1, Remaining: 3 - i, ResetAfter: msd(1000)}}})
+				want: outcome{Allowed: true, Quota: tq, Count: i + 1, Remaining: 3 - i, At: 0}})
 		}
 		for i := 4; i < 12; i++ {
-			// A-4..A-7 at t=1000, A-8..A-11 at t=2000; Count is every entry in the
-			// window and ahead of it: 4 admissions and the reservations before this one.
-			retry := int64(1000 * (i / 4))
+			// A-4..A-7 at t=1000, A-8..A-11 at t=2000; Count is the window ending at the
+			// decision: the 4 admissions.
 			steps = append(steps, clusterStep{at: 0, tenant: "A", resv: fmt.Sprintf("A-%d", i),
-				want: clusterOutcome{outcome: outcome{Quota: tq, Count: i, RetryAfter: msd(retry), ResetAfter: msd(retry + 1000)}, Reserved: true}})
+				want: outcome{Reserved: true, Quota: tq, Count: 4, RetryAfter: msd(1000 * int64(i/4)), At: 0}})
 		}
 		for i := range 2 {
-			// B's first reservation already moved one of A's to t=3000: reset at 4000.
 			steps = append(steps, clusterStep{at: 100, tenant: "B", resv: fmt.Sprintf("B-%d", i),
-				want: clusterOutcome{outcome: outcome{Quota: tq, Count: 12 + i, RetryAfter: msd(900), ResetAfter: msd(3900)}, Reserved: true}})
+				want: outcome{Reserved: true, Quota: tq, Count: 4, RetryAfter: msd(900), At: 100}})
 		}
 		clusterRun(t, both, taskType, []throttle.Quota{tq}, steps)
 
-		// Where each reservation is on the cluster: read the reservation set, with the
-		// owners hash beside it, through the cluster client.
+		// Where each reservation is on the cluster: read the pending set, with the leases
+		// and fair tags beside it, through the cluster client.
 		tag := "throttle:{" + url.PathEscape(taskType) + "}:"
-		zs, err := rdb.ZRangeWithScores(ctx, tag+"reserved:type", 0, -1).Result()
+		zs, err := rdb.ZRangeWithScores(ctx, tag+"pending:type", 0, -1).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		got := map[int64][]string{} // instant -> reservation ids, sorted
 		for _, z := range zs {
-			_, id, _ := strings.Cut(z.Member.(string), "@")
+			_, id, _ := strings.Cut(z.Member.(string), ":")
 			got[int64(z.Score)] = append(got[int64(z.Score)], id)
 		}
-		count := func(ids []string, tenant string) int {
-			return len(slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return !strings.HasPrefix(id, tenant+"-") }))
+		want := map[int64][]string{1000: {"A-6", "A-7", "B-0", "B-1"}, 2000: {"A-10", "A-11", "A-8", "A-9"}, 3000: {"A-4", "A-5"}}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("reservations by instant:\n got %v\nwant %v", got, want)
 		}
-		for _, w := range []struct{ at, a, b int64 }{{1000, 2, 2}, {2000, 4, 0}, {3000, 2, 0}} {
-			if a, b := count(got[w.at], "A"), count(got[w.at], "B"); int64(a) != w.a || int64(b) != w.b || len(got[w.at]) != int(w.a+w.b) {
-				t.Errorf("reservations at t=%d: %v; want %d of A and %d of B", w.at, got[w.at], w.a, w.b)
-			}
+		if n, err := rdb.HLen(ctx, tag+"leases").Result(); err != nil || n != 10 {
+			t.Errorf("HLEN %sleases = %d, %v; want 10, one lease per reservation", tag, n, err)
 		}
-		if len(zs) != 10 {
-			t.Errorf("%d reservations, want 10 (8 of A, 2 of B): %v", len(zs), got)
-		}
-		if n, err := rdb.HLen(ctx, tag+"owners").Result(); err != nil || n != 10 {
-			t.Errorf("HLEN %sowners = %d, %v; want 10, one owner per reservation", tag, n, err)
+		if n, err := rdb.ZCard(ctx, tag+"fair").Result(); err != nil || n != 10 {
+			t.Errorf("ZCARD %sfair = %d, %v; want 10, one fair tag per reservation", tag, n, err)
 		}
 
 		// At t=1000 the holders of that instant's 4 slots are admitted, and an event
-		// without a reservation is denied until t=2000's reservations are used or expire.
+		// without a reservation is denied until 3000, the first instant after them with
+		// room (2000 is full of reservations, 3000 has two).
 		l := both["cluster"]
 		for _, id := range got[1000] {
 			tenant, _, _ := strings.Cut(id, "-")
 			req := throttle.Request{Key: throttle.Key{TaskType: taskType, Tenant: tenant}, Quotas: []throttle.Quota{tq}, Reservation: id}
-			if d := allowAt(t, l, req, 1000); !d.Allowed || d.Replay {
-				t.Errorf("%s at t=1000: %+v, want admitted", id, outcomeOf(d))
-			}
+			resvWantAdmitted(t, l, req, 1000)
 		}
 		req := throttle.Request{Key: throttle.Key{TaskType: taskType, Tenant: "C"}, Quotas: []throttle.Quota{tq}}
-		if d := allowAt(t, l, req, 1000); d.Allowed {
-			t.Errorf("an unreserved event at t=1000 was admitted into a window of 4 reservations: %+v", outcomeOf(d))
-		}
+		wantOutcome(t, l, req, 1000, outcome{Quota: tq, Count: 4, RetryAfter: msd(2000), At: 1000})
 	})
 
-	// Task types and tenants that try to move or break the hash tag. For each pair, an
-	// admission and then a denial that reserves write all five keys a decision can touch
-	// (two logs, two reservation sets, the owners hash); each is found by SCAN on the
-	// master that serves the slot of the escaped task type, and CLUSTER KEYSLOT of each is
-	// that slot. Cancel (a MULTI over the same keys) works too. An empty task type is
-	// refused before any Redis call.
+	// Task types and tenants that try to move or break the hash tag. For each pair, a
+	// cost-2 admission and then a denial that reserves write all nine keys a decision can
+	// touch (two logs, their pending and cost sets, the type's leases, fair tags and fair
+	// state); each is found by SCAN on the master that serves the slot of the escaped task
+	// type, and CLUSTER KEYSLOT of each is that slot. Cancel then gives up the
+	// reservation there too (the script finds its logs from the lease). An empty task type
+	// is refused before any Redis call.
 	t.Run("HostileKeysOneSlot", func(t *testing.T) {
 		t.Parallel()
-		types := []string{"{a}", "}", "{", "{}", "a}{b", "a:b", "}:tenant:{", "%7B", "日本語", "a b\n"}
-		tenants := []string{"{a}", "}", "{", "a:b", "", "}:type", "日本語"}
+		types := []string{"{a}", "}", "{", "{}", "a}{b", "a:b", "}:tenant:{", "%7B", "日本語", "a b\n", "x}:pending:type"}
+		tenants := []string{"{a}", "}", "{", "a:b", "", "}:type", "日本語", "pending:x", "leases"}
 		masters := clusterMasters(t, rdb)
 		owner := clusterSlotOwner(t, rdb)
-		quotas := []throttle.Quota{tenantQuota(1, time.Minute), typeQuota(100, time.Minute)}
+		tq := tenantQuota(2, time.Minute)
+		quotas := []throttle.Quota{tq, typeQuota(100, time.Minute)}
 		onMaster := map[string]int{}
 		n := 0
 		for _, tt := range types {
@@ -238,49 +248,51 @@ func TestLimiter_AllowAtCluster(t *testing.T) {
 				n++
 				prefix := fmt.Sprintf("hostile%d", n)
 				l := clusterNew(t, rdb, throttle.Config{Prefix: prefix})
-				req := throttle.Request{Key: throttle.Key{TaskType: tt, Tenant: tenant}, Quotas: quotas, Reservation: "task-" + prefix}
+				key := throttle.Key{TaskType: tt, Tenant: tenant}
 				name := fmt.Sprintf("type %q tenant %q", tt, tenant)
-				if d, err := l.AllowAt(ctx, req, ms(0)); err != nil || !d.Allowed {
-					t.Fatalf("%s at t=0: %+v, %v; want admitted", name, outcomeOf(d), err)
+				if d, err := l.AllowAt(ctx, throttle.Request{Key: key, Quotas: quotas, Cost: 2}, ms(0)); err != nil || !d.Allowed {
+					t.Fatalf("%s at t=0: %s, %v; want admitted", name, outcomeOf(d), err)
 				}
-				if d, err := l.AllowAt(ctx, req, ms(1)); err != nil || d.Allowed || !d.Reserved || d.RetryAfter != msd(59999) {
-					t.Fatalf("%s at t=1: %+v reserved=%v, %v; want a reservation at t=60000", name, outcomeOf(d), d.Reserved, err)
+				req := throttle.Request{Key: key, Quotas: quotas, Reservation: "task-" + prefix}
+				want := outcome{Reserved: true, Quota: tq, Count: 2, RetryAfter: msd(59999), At: 1}
+				if d, err := l.AllowAt(ctx, req, ms(1)); err != nil || outcomeOf(d) != want {
+					t.Fatalf("%s at t=1: %s, %v; want %s", name, outcomeOf(d), err, want)
 				}
 
-				want := clusterTagSlot(t, rdb, tt)
-				home := owner(want)
+				slot := clusterTagSlot(t, rdb, tt)
+				home := owner(slot)
 				onMaster[home]++
-				var found []string
-				for addr, m := range masters {
-					var keys []string
-					it := m.Scan(ctx, 0, prefix+":*", 100).Iterator()
-					for it.Next(ctx) {
-						keys = append(keys, it.Val())
+				check := func(when string, wantKeys []string) {
+					t.Helper()
+					var found []string
+					for addr, keys := range clusterScan(t, masters, prefix+":*") {
+						if len(keys) > 0 && addr != home {
+							t.Errorf("%s, %s: keys %q on %s, want them all on %s, which serves slot %d", name, when, keys, addr, home, slot)
+						}
+						found = append(found, keys...)
 					}
-					if err := it.Err(); err != nil {
-						t.Fatal(err)
+					for _, k := range found {
+						if s, err := rdb.ClusterKeySlot(ctx, k).Result(); err != nil || s != slot {
+							t.Errorf("%s, %s: CLUSTER KEYSLOT %q = %d, %v; want %d", name, when, k, s, err, slot)
+						}
 					}
-					if len(keys) > 0 && addr != home {
-						t.Errorf("%s: keys %q on %s, want them all on %s, which serves slot %d", name, keys, addr, home, want)
-					}
-					found = append(found, keys...)
-				}
-				for _, k := range found {
-					if slot, err := rdb.ClusterKeySlot(ctx, k).Result(); err != nil || slot != want {
-						t.Errorf("%s: CLUSTER KEYSLOT %q = %d, %v; want %d", name, k, slot, err, want)
-					}
-				}
-				for _, k := range []string{l.RedisKey(req.Key, throttle.ScopeTenant), l.RedisKey(req.Key, throttle.ScopeType)} {
-					if !slices.Contains(found, k) {
-						t.Errorf("%s: window log %q not found; found %q", name, k, found)
+					slices.Sort(found)
+					slices.Sort(wantKeys)
+					if !slices.Equal(found, wantKeys) {
+						t.Errorf("%s, %s: keys\n got %q\nwant %q", name, when, found, wantKeys)
 					}
 				}
-				if len(found) != 5 {
-					t.Errorf("%s: found %d keys %q, want 5: 2 logs, 2 reservation sets, the owners hash", name, len(found), found)
-				}
+				logs := []string{l.RedisKey(key, throttle.ScopeTenant), l.RedisKey(key, throttle.ScopeType)}
+				costs := []string{resvCostsKey(t, l, key, throttle.ScopeTenant), resvCostsKey(t, l, key, throttle.ScopeType)}
+				pending := []string{resvSetKey(t, l, key, throttle.ScopeTenant), resvSetKey(t, l, key, throttle.ScopeType)}
+				perType := []string{resvTypeKey(t, l, tt, "leases"), resvTypeKey(t, l, tt, "fair"), resvTypeKey(t, l, tt, "fairstate")}
+				check("reserved", slices.Concat(logs, costs, pending, perType))
 				if err := l.Cancel(ctx, req); err != nil {
 					t.Errorf("%s: Cancel: %v", name, err)
 				}
+				// The pending sets, the lease and the fair tag are gone; the fair state stays
+				// (the tenant's latest tag) until it expires.
+				check("cancelled", slices.Concat(logs, costs, perType[2:]))
 			}
 		}
 		if len(onMaster) < 2 {
@@ -337,8 +349,8 @@ func TestLimiter_AllowAtCluster(t *testing.T) {
 				t.Errorf("%s/%s: %v", r.tt, r.tenant, r.err)
 			case r.d.Allowed:
 				admitted[r.tt]++
-			case r.d.Quota != quotas[0] || r.d.RetryAfter != time.Second || r.d.Count != 5:
-				t.Errorf("%s/%s denied %+v; want denied by the type quota, full, for 1s", r.tt, r.tenant, outcomeOf(r.d))
+			case outcomeOf(r.d) != (outcome{Quota: quotas[0], Count: 5, RetryAfter: time.Second, At: 0}):
+				t.Errorf("%s/%s denied %s; want denied by the type quota, full, for 1s", r.tt, r.tenant, outcomeOf(r.d))
 			}
 		}
 		for addr, types := range perMaster {
@@ -347,8 +359,8 @@ func TestLimiter_AllowAtCluster(t *testing.T) {
 					t.Errorf("%s: %d of 10 admitted, want 5", tt, admitted[tt])
 				}
 				key := l.RedisKey(throttle.Key{TaskType: tt}, throttle.ScopeType)
-				if n, err := masters[addr].ZCard(ctx, key).Result(); err != nil || n != 5 {
-					t.Errorf("ZCARD %s on %s = %d, %v; want 5 entries on the master that serves its slot", key, addr, n, err)
+				if n := zcard(t, masters[addr], key); n != 5 {
+					t.Errorf("%s on %s holds %d entries; want 5 on the master that serves its slot", key, addr, n)
 				}
 			}
 		}

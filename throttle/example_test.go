@@ -58,13 +58,50 @@ func ExampleLimiter_Allow() {
 			{Scope: throttle.ScopeTenant, Limit: throttle.PerSecond(5)},
 			{Scope: throttle.ScopeType, Limit: throttle.PerMinute(100)},
 		},
+		MaxWait: 50 * time.Millisecond, // a slot this close ahead is taken and waited for
 	})
 	switch {
 	case err != nil:
 		log.Fatal(err) // never read an error as an admission
 	case d.Allowed:
+		time.Sleep(d.Delay) // the slot admitted for: zero, or up to MaxWait ahead
 		fmt.Println("run it;", d.Remaining, "left under", d.Quota)
 	default:
 		fmt.Println("over", d.Quota, "- retry at", d.RetryAt())
+	}
+}
+
+// ExampleLimiter_Allow_reservation holds a slot for a denied task and claims it when the
+// task comes back; Release gives it up if the task goes away. It needs a Redis server, so
+// it only compiles.
+func ExampleLimiter_Allow_reservation() {
+	lim, err := throttle.New(redis.NewClient(&redis.Options{Addr: "localhost:6379"}), throttle.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	req := throttle.Request{
+		Key:         throttle.Key{TaskType: "api:call", Tenant: "acme"},
+		Quotas:      []throttle.Quota{{Scope: throttle.ScopeTenant, Limit: throttle.PerSecond(5)}},
+		Reservation: "task-42",              // the waiting task's id: its slot is kept for it
+		ClaimWait:   100 * time.Millisecond, // come back this early and wait the rest
+	}
+	for {
+		d, err := lim.Allow(ctx, req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if d.Allowed {
+			time.Sleep(d.Delay)
+			fmt.Println("run it")
+			return
+		}
+		if !d.Reserved { // no slot could be held: give up
+			if _, err := lim.Release(ctx, req.Key.TaskType, req.Reservation); err != nil {
+				log.Print(err)
+			}
+			return
+		}
+		time.Sleep(time.Until(d.RetryAt().Add(-req.ClaimWait)))
 	}
 }

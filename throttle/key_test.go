@@ -1,6 +1,7 @@
 package throttle_test
 
 import (
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -8,20 +9,6 @@ import (
 
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
-
-// hashTag returns what Redis Cluster hashes: the text between the first '{' and the next
-// '}', if that is not empty; else the whole key.
-func hashTag(key string) string {
-	open := strings.IndexByte(key, '{')
-	if open < 0 {
-		return key
-	}
-	n := strings.IndexByte(key[open+1:], '}')
-	if n <= 0 {
-		return key
-	}
-	return key[open+1 : open+1+n]
-}
 
 func TestHashTag(t *testing.T) { // the helper the key tests rely on
 	t.Parallel()
@@ -56,6 +43,9 @@ func TestLimiter_RedisKey(t *testing.T) {
 		{throttle.Key{TaskType: "api:call", Tenant: "{x}"}, throttle.ScopeTenant, "throttle:{api:call}:tenant:%7Bx%7D"},
 		{throttle.Key{TaskType: "api:call", Tenant: "a b/c%"}, throttle.ScopeTenant, "throttle:{api:call}:tenant:a%20b%2Fc%25"},
 		{throttle.Key{TaskType: "}{", Tenant: "t"}, throttle.ScopeType, "throttle:{%7D%7B}:type"},
+		// Tenants spelled like the words of the other keys stay in the tenant tail.
+		{throttle.Key{TaskType: "api:call", Tenant: "pending:type"}, throttle.ScopeTenant, "throttle:{api:call}:tenant:pending:type"},
+		{throttle.Key{TaskType: "api:call", Tenant: "leases"}, throttle.ScopeTenant, "throttle:{api:call}:tenant:leases"},
 	}
 	for _, tc := range tests {
 		if got := l.RedisKey(tc.key, tc.scope); got != tc.want {
@@ -67,16 +57,18 @@ func TestLimiter_RedisKey(t *testing.T) {
 // TestLimiter_RedisKey_hostile checks, for task types and tenants chosen to break a key,
 // that every log of a type shares one hash tag (the escaped type, never empty), that the
 // tenant is the whole tail of its key, and that distinct (type, tenant, scope) never share
-// a key.
+// a key. The keys beside the logs (pending and cost sets, the type's leases and fair
+// state) are FuzzRedisKey's, which sees the functions that build them.
 func TestLimiter_RedisKey_hostile(t *testing.T) {
 	t.Parallel()
 	l, err := throttle.New(nil, throttle.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	types := []string{"api:call", "{x}", "}", "{", "a}b{c", "ü", "a b", "%41", "A", "x}:tenant:y", "api:call}:type"}
+	types := []string{"api:call", "{x}", "}", "{", "a}b{c", "ü", "a b", "%41", "A", "x}:tenant:y", "api:call}:type", "x}:pending:type"}
 	tenants := []string{"acme", "{x}", "}", "{", "{}", "a:b", "a b", "ü", "", strings.Repeat("x{}", 3414),
-		"acme/x", "acme%2Fx", "%41", "A", "a", "%61", ":type", "x}:tenant:y", "\x00\n", "a:tenant:b"}
+		"acme/x", "acme%2Fx", "%41", "A", "a", "%61", ":type", "x}:tenant:y", "\x00\n", "a:tenant:b",
+		"pending:x", "costs:tenant:x", "leases", "fair", "fairstate", "#", "@1:x"}
 	seen := map[string]string{} // key -> who made it
 	add := func(key, who string) {
 		if prev, ok := seen[key]; ok {
@@ -119,25 +111,26 @@ func TestLimiter_RedisKey_hostile(t *testing.T) {
 }
 
 // TestLimiter_AllowAt_tenantsNeverShareALog: tenants whose names differ only in a way that
-// escaping could blur each get a log of their own.
+// escaping could blur each get a log, and a pending set, of their own.
 func TestLimiter_AllowAt_tenantsNeverShareALog(t *testing.T) {
 	t.Parallel()
-	l := newLimiter(t)
+	l, rdb := newLimiterClient(t, throttle.Config{})
 	q := tenantQuota(1, time.Minute)
-	pairs := [][2]string{{"a", "%61"}, {"A", "%41"}, {"acme/x", "acme%2Fx"}, {"a b", "a%20b"}, {"", "%"}, {"{x}", "%7Bx%7D"}, {"ü", "%C3%BC"}}
+	pairs := [][2]string{{"a", "%61"}, {"A", "%41"}, {"acme/x", "acme%2Fx"}, {"a b", "a%20b"}, {"", "%"}, {"{x}", "%7Bx%7D"}, {"ü", "%C3%BC"},
+		{"x", "pending:x"}, {"x", "costs:x"}}
 	for i, p := range pairs {
-		t.Run(p[0]+"|"+p[1], func(t *testing.T) {
+		t.Run(fmt.Sprintf("%q|%q", p[0], p[1]), func(t *testing.T) {
 			t.Parallel()
 			typ := "pair:" + string(rune('a'+i))
 			first := throttle.Request{Key: throttle.Key{TaskType: typ, Tenant: p[0]}, Quotas: []throttle.Quota{q}}
 			second := throttle.Request{Key: throttle.Key{TaskType: typ, Tenant: p[1]}, Quotas: []throttle.Quota{q}}
 			mustAdmit(t, l, first, 1000)
 			mustAdmit(t, l, second, 1000)
-			if d := allowAt(t, l, first, 1001); d.Allowed {
-				t.Errorf("%q admitted twice in a 1/1m window", p[0])
-			}
-			if d := allowAt(t, l, second, 1001); d.Allowed {
-				t.Errorf("%q admitted twice in a 1/1m window", p[1])
+			// Each reserves 61000 in its own log; the other's reservation does not count.
+			for j, req := range []throttle.Request{first, second} {
+				req.Reservation = fmt.Sprintf("r%d", j)
+				wantOutcome(t, l, req, 1001, outcome{Reserved: true, Quota: q, Count: 1, RetryAfter: msd(60000 - 1), At: 1001})
+				resvWantSet(t, rdb, resvSetKey(t, l, req.Key, throttle.ScopeTenant), map[string]int64{"1:" + req.Reservation: 61000})
 			}
 		})
 	}

@@ -24,8 +24,11 @@ import (
 // The multi-process stress test: TestLimiter_Allow_multiProcess runs this test binary
 // again as stressProcs child processes (TestStressChild, told by the environment variable
 // stressEnv that it is a child), each with stressGoroutines goroutines that call
-// Limiter.Allow on the real clock in a tight loop against one key, and checks what they
-// report: the sliding window was never exceeded, and it was used.
+// Limiter.Allow on the real clock against two keys, and checks what they report: the
+// sliding window was never exceeded, and it was used. Half the goroutines call in a tight
+// loop on the first key; the other half are tasks on the second key that hold
+// reservations: denied, each sleeps until its reserved instant (less ClaimWait) and comes
+// back for it.
 
 const (
 	stressEnv        = "THROTTLE_STRESS_CHILD" // JSON stressConfig; set only in a child
@@ -33,6 +36,7 @@ const (
 	stressGoroutines = 16
 	stressEvents     = 10
 	stressWindow     = 200 * time.Millisecond
+	stressClaimWait  = 20 * time.Millisecond
 	stressRun        = 3 * time.Second
 	stressStartAfter = time.Second // for the children to start before the run begins
 )
@@ -41,10 +45,11 @@ const (
 type stressConfig struct {
 	Addr       string // Redis
 	TaskType   string
-	Tenant     string
-	Proc       int   // the child's number, in its members
-	StartMS    int64 // Unix ms: begin calling then, all together
-	DeadlineMS int64 // Unix ms: stop calling then
+	Tenant     string // the tight loops' key
+	ResvTenant string // the reserving tasks' key
+	Proc       int    // the child's number, in its members
+	StartMS    int64  // Unix ms: begin calling then, all together
+	DeadlineMS int64  // Unix ms: stop calling then
 }
 
 func stressQuotas() []throttle.Quota {
@@ -54,7 +59,8 @@ func stressQuotas() []throttle.Quota {
 // TestStressChild is the child process of TestLimiter_Allow_multiProcess. Unless the
 // environment says it is a child, it does nothing. A child calls Allow from
 // stressGoroutines goroutines until the deadline, then prints one line per admission,
-// "admit <member> <At in Unix ms>", and a line "calls <n> admitted <n> fallbacks <n>".
+// "admit <key> <member> <At in Unix ms> <held 0|1>" (key "a" or "r"), and a line
+// "calls <n> admitted <n> fallbacks <n> claims <n> reserved <n>".
 func TestStressChild(t *testing.T) {
 	env := os.Getenv(stressEnv)
 	if env == "" {
@@ -79,24 +85,33 @@ func TestStressChild(t *testing.T) {
 	time.Sleep(time.Until(time.UnixMilli(cfg.StartMS)))
 
 	type admission struct {
-		member string
-		at     int64
+		key, member string
+		at          int64
+		held        bool
 	}
 	var (
-		mu        sync.Mutex
-		admits    []admission
-		calls     int
-		fallbacks int
-		wg        sync.WaitGroup
+		mu                                     sync.Mutex
+		admits                                 []admission
+		calls, fallbacks, claims, reservations int
+		wg                                     sync.WaitGroup
 	)
 	for g := range stressGoroutines {
 		wg.Go(func() {
 			var mine []admission
-			n, skewed := 0, 0
+			n, skewed, claimed, reserved := 0, 0, 0, 0
+			reserving := g%2 == 1
+			tenant, key := cfg.Tenant, "a"
+			if reserving {
+				tenant, key = cfg.ResvTenant, "r"
+			}
+			task := 0
 			for ; time.Now().Before(deadline); n++ {
 				member := fmt.Sprintf("p%d-g%d-%d", cfg.Proc, g, n)
-				d, err := l.Allow(ctx, throttle.Request{Key: throttle.Key{TaskType: cfg.TaskType, Tenant: cfg.Tenant},
-					Quotas: stressQuotas(), Member: member})
+				req := throttle.Request{Key: throttle.Key{TaskType: cfg.TaskType, Tenant: tenant}, Quotas: stressQuotas(), Member: member}
+				if reserving {
+					req.Reservation, req.ClaimWait = fmt.Sprintf("p%d-g%d-t%d", cfg.Proc, g, task), stressClaimWait
+				}
+				d, err := l.Allow(ctx, req)
 				if err != nil {
 					t.Errorf("Allow: %v", err)
 					return
@@ -104,8 +119,20 @@ func TestStressChild(t *testing.T) {
 				if d.SkewFallback {
 					skewed++
 				}
-				if d.Allowed {
-					mine = append(mine, admission{member, d.At.UnixMilli()})
+				switch {
+				case d.Allowed:
+					mine = append(mine, admission{key, member, d.At.UnixMilli(), d.Held})
+					if d.Held {
+						claimed++
+					}
+					task++
+				case reserving && d.Reserved:
+					if !d.Held {
+						reserved++
+					}
+					time.Sleep(time.Until(d.RetryAt().Add(-stressClaimWait)))
+				case reserving:
+					time.Sleep(d.RetryAfter)
 				}
 			}
 			mu.Lock()
@@ -113,30 +140,57 @@ func TestStressChild(t *testing.T) {
 			admits = append(admits, mine...)
 			calls += n
 			fallbacks += skewed
+			claims += claimed
+			reservations += reserved
 		})
 	}
 	wg.Wait()
 	w := bufio.NewWriter(os.Stdout)
 	for _, a := range admits {
-		fmt.Fprintf(w, "admit %s %d\n", a.member, a.at)
+		held := 0
+		if a.held {
+			held = 1
+		}
+		fmt.Fprintf(w, "admit %s %s %d %d\n", a.key, a.member, a.at, held)
 	}
-	fmt.Fprintf(w, "calls %d admitted %d fallbacks %d\n", calls, len(admits), fallbacks)
+	fmt.Fprintf(w, "calls %d admitted %d fallbacks %d claims %d reserved %d\n", calls, len(admits), fallbacks, claims, reservations)
 	if err := w.Flush(); err != nil {
 		t.Fatal(err)
 	}
 }
 
+// stressMost returns the most instants of the sorted at in one window (t-W, t], and the t
+// of the first window that holds that many. The windows ending at an admitted instant are
+// the ones to check: any other window holds no more than the one ending at the latest
+// admission inside it.
+func stressMost(at []int64, w int64) (most int, mostAt int64) {
+	for i, t := range at {
+		if i+1 < len(at) && at[i+1] == t {
+			continue // the window ending at t: from its last admission at t
+		}
+		first, _ := slices.BinarySearch(at, t-w+1) // the first admission > t-W
+		if n := i + 1 - first; n > most {
+			most, mostAt = n, t
+		}
+	}
+	return most, mostAt
+}
+
 // TestLimiter_Allow_multiProcess runs stressProcs processes of stressGoroutines goroutines
-// each, calling Allow (ClockLocal: each call's own time.Now) in a tight loop on one key
-// limited to stressEvents per stressWindow, for stressRun. From the instants (Decision.At,
-// in ms) of every admission the children report, it checks:
+// each, calling Allow (ClockLocal: each call's own time.Now) on two keys limited to
+// stressEvents per stressWindow, for stressRun: half in a tight loop on key a, half as
+// tasks that reserve on key r and come back for their slots. From the instants
+// (Decision.At, in ms) of every admission the children report, it checks:
 //
-//   - exactness: no window (t-W, t] holds more than stressEvents admissions. The windows
-//     ending at an admitted instant are the ones to check: any other window holds no more
-//     than the one ending at the latest admission inside it.
-//   - the log: every entry seen in the key's sorted set, sampled while the children run
-//     and after, is an admission a child reported, at the instant it reported.
-//   - throughput: with first and last the first and last admitted instants, let
+//   - exactness, on each key: no window (t-W, t] holds more than stressEvents admissions
+//     (v2 decides a call stamped behind a log's high-water instant at that instant, and
+//     reports it in At: these instants are what the log holds);
+//   - the log: every entry seen in a key's sorted set, sampled while the children run and
+//     after, is an admission a child reported, at the instant it reported, or (on key r)
+//     a reservation "@1:<token>"; the sentinels aside;
+//   - the reservations were used: some tasks on key r were admitted by claiming a slot
+//     they held;
+//   - throughput, on key a: with first and last the first and last admitted instants, let
 //     m = floor((last - first + 1ms) / W), the number of whole windows that fit in
 //     [first, last], and S = [first, first + m*W - 1ms]: m runs of W consecutive
 //     milliseconds, each inside one window (t-W, t] (t its last millisecond). So no
@@ -153,7 +207,8 @@ func TestLimiter_Allow_multiProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := throttle.Key{TaskType: "stress:{call}", Tenant: "tenant a"}
-	logKey := l.RedisKey(key, throttle.ScopeTenant)
+	resvKey := throttle.Key{TaskType: key.TaskType, Tenant: "tenant r"}
+	logKeys := map[string]string{"a": l.RedisKey(key, throttle.ScopeTenant), "r": l.RedisKey(resvKey, throttle.ScopeTenant)}
 	start := time.Now().Add(stressStartAfter)
 	deadline := start.Add(stressRun)
 
@@ -167,8 +222,8 @@ func TestLimiter_Allow_multiProcess(t *testing.T) {
 	}
 	children := make([]*child, stressProcs)
 	for i := range children {
-		cfg, err := json.Marshal(stressConfig{Addr: srv.Addr, TaskType: key.TaskType, Tenant: key.Tenant, Proc: i,
-			StartMS: start.UnixMilli(), DeadlineMS: deadline.UnixMilli()})
+		cfg, err := json.Marshal(stressConfig{Addr: srv.Addr, TaskType: key.TaskType, Tenant: key.Tenant, ResvTenant: resvKey.Tenant,
+			Proc: i, StartMS: start.UnixMilli(), DeadlineMS: deadline.UnixMilli()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -181,17 +236,21 @@ func TestLimiter_Allow_multiProcess(t *testing.T) {
 		children[i] = c
 	}
 
-	// Sample the log while the children run (and once after), to compare with what they
-	// report. The test removes no TTL here: a sample may find the key gone.
-	logged := map[string]int64{} // member -> score
+	// Sample the logs while the children run (and once after), to compare with what they
+	// report. The test removes no TTL here: a sample may find a key gone.
+	logged := map[string]map[string]int64{"a": {}, "r": {}} // key -> member -> score
 	sample := func() {
-		z, err := rdb.ZRangeWithScores(context.Background(), logKey, 0, -1).Result()
-		if err != nil {
-			t.Errorf("sample the log: %v", err)
-			return
-		}
-		for _, e := range z {
-			logged[e.Member.(string)] = int64(e.Score)
+		for k, logKey := range logKeys {
+			z, err := rdb.ZRangeWithScores(context.Background(), logKey, 0, -1).Result()
+			if err != nil {
+				t.Errorf("sample the log: %v", err)
+				return
+			}
+			for _, e := range z {
+				if m := e.Member.(string); !isSentinel(m) {
+					logged[k][m] = int64(e.Score)
+				}
+			}
 		}
 	}
 	done := make(chan struct{})
@@ -216,9 +275,9 @@ wait:
 	}
 	sample()
 
-	admitted := map[string]int64{} // member -> At (ms)
-	var at []int64
-	calls, fallbacks := 0, 0
+	admitted := map[string]map[string]int64{"a": {}, "r": {}} // key -> member -> At (ms)
+	at := map[string][]int64{}
+	calls, fallbacks, claims, reservations, heldAdmits := 0, 0, 0, 0, 0
 	for i, c := range children {
 		if c.cmd.ProcessState == nil || !c.cmd.ProcessState.Success() {
 			t.Fatalf("child %d: %v (killed if it overran)\nstdout:\n%s\nstderr:\n%s", i, c.cmd.ProcessState, tail(c.stdout.String()), c.stderr.String())
@@ -227,83 +286,88 @@ wait:
 		for _, line := range strings.Split(c.stdout.String(), "\n") {
 			f := strings.Fields(line)
 			switch {
-			case len(f) == 3 && f[0] == "admit":
-				ms, err := strconv.ParseInt(f[2], 10, 64)
+			case len(f) == 5 && f[0] == "admit" && (f[1] == "a" || f[1] == "r"):
+				ms, err := strconv.ParseInt(f[3], 10, 64)
 				if err != nil {
 					t.Fatalf("child %d: %q: %v", i, line, err)
 				}
-				if _, dup := admitted[f[1]]; dup {
-					t.Errorf("member %s admitted twice", f[1])
+				if _, dup := admitted[f[1]][f[2]]; dup {
+					t.Errorf("member %s admitted twice", f[2])
 				}
-				admitted[f[1]] = ms
-				at = append(at, ms)
-			case len(f) == 6 && f[0] == "calls":
+				admitted[f[1]][f[2]] = ms
+				at[f[1]] = append(at[f[1]], ms)
+				if f[4] == "1" {
+					heldAdmits++
+				}
+			case len(f) == 10 && f[0] == "calls":
 				n, err1 := strconv.Atoi(f[1])
 				s, err2 := strconv.Atoi(f[5])
-				if err1 != nil || err2 != nil {
+				cl, err3 := strconv.Atoi(f[7])
+				rs, err4 := strconv.Atoi(f[9])
+				if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
 					t.Fatalf("child %d: %q", i, line)
 				}
-				calls, fallbacks, sawSummary = calls+n, fallbacks+s, true
+				calls, fallbacks, claims, reservations, sawSummary = calls+n, fallbacks+s, claims+cl, reservations+rs, true
 			}
 		}
 		if !sawSummary {
 			t.Fatalf("child %d printed no summary:\n%s", i, tail(c.stdout.String()))
 		}
 	}
-	if len(at) == 0 {
-		t.Fatalf("no admission in %d calls", calls)
-	}
-	slices.Sort(at)
-
-	// Exactness.
 	w := stressWindow.Milliseconds()
-	most, mostAt := 0, int64(0)
-	for i, t := range at {
-		if i+1 < len(at) && at[i+1] == t {
-			continue // the window ending at t: from its last admission at t
+	for _, k := range []string{"a", "r"} {
+		if len(at[k]) == 0 {
+			t.Fatalf("key %s: no admission in %d calls", k, calls)
 		}
-		first, _ := slices.BinarySearch(at, t-w+1) // the first admission > t-W
-		if n := i + 1 - first; n > most {
-			most, mostAt = n, t
+		slices.Sort(at[k])
+		// Exactness.
+		if most, mostAt := stressMost(at[k], w); most > stressEvents {
+			var in []string
+			for m, a := range admitted[k] {
+				if a > mostAt-w && a <= mostAt {
+					in = append(in, fmt.Sprintf("%d %s", a, m))
+				}
+			}
+			slices.Sort(in)
+			t.Errorf("key %s: %d admissions in the window (%d, %d], want at most %d:\n%s",
+				k, most, mostAt-w, mostAt, stressEvents, strings.Join(in, "\n"))
 		}
-	}
-	if most > stressEvents {
-		lo, _ := slices.BinarySearch(at, mostAt-w+1)
-		var in []string
-		for m, a := range admitted {
-			if a > mostAt-w && a <= mostAt {
-				in = append(in, fmt.Sprintf("%d %s", a, m))
+		// The log against the reports.
+		for m, score := range logged[k] {
+			if k == "r" && strings.HasPrefix(m, "@1:") {
+				continue // a reservation, pending when sampled
+			}
+			if a, reported := admitted[k][m]; !reported || a != score {
+				t.Errorf("key %s: the log held %q at %d; reported admission at %d (%v)", k, m, score, a, reported)
 			}
 		}
-		slices.Sort(in)
-		t.Errorf("%d admissions in the window (%d, %d] (instants %v), want at most %d:\n%s",
-			most, mostAt-w, mostAt, at[lo:lo+most], stressEvents, strings.Join(in, "\n"))
+	}
+	// The children count their claims, and report each admission as held or not.
+	if heldAdmits == 0 || reservations == 0 || claims != heldAdmits {
+		t.Errorf("%d reservations made, %d admissions claimed one (%d reported as held): want both > 0, and the same",
+			reservations, claims, heldAdmits)
 	}
 
-	// The log against the reports.
-	for m, score := range logged {
-		member, ok := strings.CutPrefix(m, "1:")
-		if a, reported := admitted[member]; !ok || !reported || a != score {
-			t.Errorf("the log held %q at %d; reported admission at %d (%v)", m, score, a, reported)
-		}
-	}
-
-	// Throughput.
-	first, last := at[0], at[len(at)-1]
+	// Throughput, on key a.
+	a := at["a"]
+	first, last := a[0], a[len(a)-1]
 	windows := (last - first + 1) / w
-	inSpan, _ := slices.BinarySearch(at, first+windows*w) // admissions in [first, first+m*W-1]
+	inSpan, _ := slices.BinarySearch(a, first+windows*w) // admissions in [first, first+m*W-1]
 	possible := stressEvents * int(windows)
 	bound := stressEvents * int((last-first+1+w-1)/w)
-	t.Logf("%d processes x %d goroutines, %d calls, %d admitted at %d..%d ms (%d ms); %d skew fallbacks; "+
-		"most in one %d ms window: %d (at %d); %d whole windows: %d admitted of %d possible (%.1f%%); "+
-		"all: %d of at most %d; %d log entries sampled",
-		stressProcs, stressGoroutines, calls, len(at), first, last, last-first, fallbacks, w, most, mostAt,
-		windows, inSpan, possible, 100*float64(inSpan)/float64(max(possible, 1)), len(at), bound, len(logged))
+	mostA, mostAtA := stressMost(a, w)
+	mostR, _ := stressMost(at["r"], w)
+	t.Logf("%d processes x %d goroutines, %d calls, %d skew fallbacks; key a: %d admitted at %d..%d ms (%d ms), "+
+		"most in one %d ms window: %d (at %d); %d whole windows: %d admitted of %d possible (%.1f%%); all: %d of at most %d; "+
+		"key r: %d admitted, %d by claiming a reservation, %d reservations made, most in one window %d; %d+%d log entries sampled",
+		stressProcs, stressGoroutines, calls, fallbacks, len(a), first, last, last-first, w, mostA, mostAtA,
+		windows, inSpan, possible, 100*float64(inSpan)/float64(max(possible, 1)), len(a), bound,
+		len(at["r"]), heldAdmits, reservations, mostR, len(logged["a"]), len(logged["r"]))
 	if windows < int64(stressRun/stressWindow)-2 {
 		t.Errorf("admissions span %d ms: fewer than %d whole windows of a %v run", last-first, int64(stressRun/stressWindow)-2, stressRun)
 	}
-	if len(at) > bound || inSpan > possible {
-		t.Errorf("%d admissions in %d ms (bound %d), %d in its first %d windows (bound %d)", len(at), last-first, bound, inSpan, windows, possible)
+	if len(a) > bound || inSpan > possible {
+		t.Errorf("%d admissions in %d ms (bound %d), %d in its first %d windows (bound %d)", len(a), last-first, bound, inSpan, windows, possible)
 	}
 	if 100*inSpan < 95*possible {
 		t.Errorf("%d admissions in %d whole windows, want at least 95%% of %d", inSpan, windows, possible)
@@ -318,34 +382,36 @@ func tail(s string) string {
 
 // TestLimiter_AllowAt_callerBehindAfterTrim is what TestLimiter_Allow_multiProcess finds,
 // with explicit instants: callers read their clocks before their calls reach Redis, so a
-// call stamped 1199 can run after one stamped 1200. The entries at 1000 still count at
-// 1199 (rule 1: 1000 > 1199 - 200), so with 2 per 200ms the call at 1199 must be denied
-// for 1ms, whatever the call at 1200 trimmed; admitting it puts 3 admissions in the
-// window (999, 1199].
+// call stamped 1199 can run after one stamped 1200, which trimmed the entries at 1000 (2
+// per 200ms). In v1 (trim grace) the entries at 1000 were kept for the late call and
+// counted at 1199, which was denied for 1ms; without them it would have put 3 admissions
+// in (999, 1199]. v2 has no grace: the call stamped 1199 is decided at the log's
+// high-water instant 1200, where the window (1000, 1200] has room for it, so it is
+// admitted there (Delay 1ms on its clock) and logged at 1200: no window ever holds more
+// than 2. The next late call is denied until the entries at 1200 leave.
 func TestLimiter_AllowAt_callerBehindAfterTrim(t *testing.T) {
 	t.Parallel()
-	q := throttle.Quota{Scope: throttle.ScopeTenant, Limit: throttle.Limit{Events: 2, Window: stressWindow}}
-	l, err := throttle.New(redistest.Start(t), throttle.Config{})
-	if err != nil {
-		t.Fatal(err)
+	q := msQuota(throttle.ScopeTenant, 2, stressWindow.Milliseconds())
+	quotas := []throttle.Quota{q}
+	m := checkSequence(t, []modelStep{
+		{at: 1000, tenant: "acme", quotas: quotas, want: &modelDecision{Allowed: true, Quota: q, Count: 1, Remaining: 1, At: 1000}},
+		{at: 1000, tenant: "acme", quotas: quotas, want: &modelDecision{Allowed: true, Quota: q, Count: 2, Remaining: 0, At: 1000}},
+		{at: 1200, tenant: "acme", quotas: quotas, want: &modelDecision{Allowed: true, Quota: q, Count: 1, Remaining: 1, At: 1200}},
+		{at: 1199, tenant: "acme", quotas: quotas, want: &modelDecision{Allowed: true, Quota: q, Count: 2, Remaining: 0, Delay: msd(1), At: 1200}},
+		{at: 1199, tenant: "acme", quotas: quotas, want: &modelDecision{Quota: q, Count: 2, RetryAfter: msd(1400 - 1199), At: 1200}},
+		{at: 1400, tenant: "acme", quotas: quotas, want: &modelDecision{Allowed: true, Quota: q, Count: 1, Remaining: 1, At: 1400}},
+	})
+	// Every admission, at the instant it was decided at: no window of 200ms holds more
+	// than 2, and the log holds the last window only.
+	if got := resvMostIn([]int64{1000, 1000, 1200, 1200, 1400}, stressWindow.Milliseconds()); got != 2 {
+		t.Errorf("most admissions in one window: %d, want 2", got)
 	}
-	req := throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: "acme"}, Quotas: []throttle.Quota{q}}
-	for _, step := range []struct {
-		at   int64
-		want modelDecision
-	}{
-		{1000, modelDecision{Allowed: true, Quota: q, Count: 1, Remaining: 1, ResetAfter: msDuration(200), At: 1000}},
-		{1000, modelDecision{Allowed: true, Quota: q, Count: 2, Remaining: 0, ResetAfter: msDuration(200), At: 1000}},
-		{1200, modelDecision{Allowed: true, Quota: q, Count: 1, Remaining: 1, ResetAfter: msDuration(200), At: 1200}},
-		// Counted: 1000, 1000, 1200: k = 3 + 1 - 2 = 2, the 2nd oldest is 1000.
-		{1199, modelDecision{Quota: q, Count: 3, Remaining: 0, RetryAfter: msDuration(1), ResetAfter: msDuration(201), At: 1199}},
-	} {
-		d, err := l.AllowAt(context.Background(), req, time.UnixMilli(step.at))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := modelDecisionOf(d); got != step.want {
-			t.Errorf("t=%d:\n got %s\nwant %s", step.at, got, step.want)
-		}
+	st := m.logs[modelLogOf(throttle.Key{TaskType: "api:call", Tenant: "acme"}, throttle.ScopeTenant)]
+	var scores []int64
+	for _, e := range st.entries {
+		scores = append(scores, e.score)
+	}
+	if !slices.Equal(scores, []int64{1400}) {
+		t.Errorf("the log holds entries at %v, want only 1400 (the entries at 1200 are trimmed at 1400)", scores)
 	}
 }
