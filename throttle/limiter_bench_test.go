@@ -2,71 +2,659 @@ package throttle_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"os"
 	"runtime"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"text/tabwriter"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/lua"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
-// benchCallers is about how many goroutines call Redis at once in the benchmark.
-const benchCallers = 32
+// The shape of every row of BenchmarkLimiter_Allow.
+const (
+	benchCallers   = 64     // goroutines calling at once in every row
+	benchTenants   = 10_000 // keys of the many-keys rows
+	benchHotLimit  = 100    // events per second of the hot-key rows
+	benchRedisCPU  = 1      // the core redis-server is pinned to: the second of two
+	benchBacklog   = 10_000 // reservations waiting on the type log before row (e) is timed
+	benchTypeLimit = 1000   // events per second of row (e)'s type quota
+	benchSample    = 2000   // calls of row (e) whose script time SLOWLOG records one by one
+	benchHuge      = 1e9    // events per window of the admitting rows: never reached
+)
 
-// BenchmarkLimiter_Allow measures, in one run against one server and one client, the rate
-// of Limiter.Allow decisions and of plain PINGs at the same parallelism, and reports
-// allow/ping: the share of a bare round trip's throughput that a decision keeps. op=ping
-// runs first and every allow sub-benchmark compares itself with it. The limit is huge so
-// that every call is an admission, which writes.
+// benchTenantNames are the tenants of the many-keys rows, formatted once.
+var benchTenantNames = func() []string {
+	names := make([]string, benchTenants)
+	for i := range names {
+		names[i] = "t" + strconv.Itoa(i)
+	}
+	return names
+}()
+
+// BenchmarkLimiter_Allow measures, in one run against one redis-server (pinned to CPU 1
+// when taskset is on PATH) and one go-redis client, plain PINGs, the seed's plain
+// sliding-window script (testdata/seed_sliding_window.lua) and Limiter.Allow in several
+// scenarios, each with 64 callers at once, and then prints them side by side in one table
+// on stdout.
+//
+// Each case=<name> sub-benchmark reports decisions/s (PINGs/s for case=ping); x_ping, that
+// over PING's; cpu_us/op, the Redis server's CPU time per call in microseconds (INFO cpu
+// used_cpu_sys + used_cpu_user over the run, divided by its calls); x_ping_cpu and
+// x_seed_cpu, that over PING's and over the matching seed row's (seed_hot for the hot-key
+// and reservation rows, seed_10k for the many-keys rows); script_us, the mean execution
+// time in microseconds of one EVALSHA (or EVAL, after a NOSCRIPT) from INFO commandstats,
+// or of one PING; and script_p99_us, the 99th percentile of the EVALSHA (PING) execution
+// times from INFO latencystats, reset before each run. Row (e) also makes 4000 more calls,
+// untimed, the last 2000 timed one by one in SLOWLOG, and prints their percentiles under
+// the table. Ratios are
+// only meaningful within one run: rows compare with the ping and seed rows run before them.
+//
+// The benchmark asserts no speed. It fails on errors and on wrong outcomes: an admitting
+// row that denies, a hot-key row that admits more than its limit allows in the time the
+// run took, a reservation row that does not reserve.
 func BenchmarkLimiter_Allow(b *testing.B) {
-	srv := redistest.StartServer(b)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 2 * benchCallers})
+	env := benchStart(b)
+	for _, c := range env.cases() {
+		env.run(b, c)
+	}
+	if len(env.order)+len(env.failures) > 0 {
+		// To stdout, after the rows' result lines: testing prints a parent benchmark's b.Log
+		// only with -v. Indented, so that benchstat takes no line for a "key: value" setting.
+		table := strings.ReplaceAll(env.table(), "\n", "\n    ")
+		fmt.Printf("\n%s\n    %s\n\n", b.Name(), table)
+	}
+}
+
+// benchEnv is the server, the client, the limiters and the rows measured so far.
+type benchEnv struct {
+	ctx      context.Context
+	rdb      *redis.Client
+	lim, ap  *throttle.Limiter // ap: with Config.AutoPipeline
+	seed     *redis.Script
+	header   []string             // lines above the table: the setup
+	rows     map[string]*benchRow // by case name: the last run of each
+	order    []string             // case names in the order they ran
+	runs     int                  // runs started so far, to give each run keys of its own
+	failures []string             // cases that failed, and why
+}
+
+// benchStart starts the server and the client, loads both scripts, and notes the setup.
+func benchStart(b *testing.B) *benchEnv {
+	b.Helper()
+	ctx := context.Background()
+	srv, unpinned := redistest.StartServerPinned(b, benchRedisCPU)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 2 * benchCallers, MinIdleConns: benchCallers})
 	b.Cleanup(func() { _ = rdb.Close() })
-	l, err := throttle.New(rdb, throttle.Config{})
+	env := &benchEnv{ctx: ctx, rdb: rdb, rows: map[string]*benchRow{}}
+	var err error
+	if env.lim, err = throttle.New(rdb, throttle.Config{}); err != nil {
+		b.Fatal(err)
+	}
+	if env.ap, err = throttle.New(rdb, throttle.Config{AutoPipeline: true}); err != nil {
+		b.Fatal(err)
+	}
+	src, err := os.ReadFile("testdata/seed_sliding_window.lua")
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx := context.Background()
-	parallelism := (benchCallers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0)
+	env.seed = redis.NewScript(string(src))
+	for _, s := range []*redis.Script{env.seed, lua.SlidingWindow} { // no NOSCRIPT in the rows
+		if err := s.Load(ctx, rdb).Err(); err != nil {
+			b.Fatalf("SCRIPT LOAD: %v", err)
+		}
+	}
 
-	var pingPerSec float64 // from op=ping's last (largest) run
-	b.Run("op=ping", func(b *testing.B) {
-		b.SetParallelism(parallelism)
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if err := rdb.Ping(ctx).Err(); err != nil {
-					b.Error(err)
+	version := "?"
+	if info, err := rdb.Info(ctx, "server").Result(); err == nil {
+		_, rest, _ := strings.Cut(info, "redis_version:")
+		version, _, _ = strings.Cut(rest, "\r\n")
+	}
+	pid, serverCPUs, err := redistest.ServerCPUs(ctx, rdb)
+	if err != nil {
+		serverCPUs = err.Error()
+	}
+	pinning := fmt.Sprintf("pinned to CPU %d by taskset", benchRedisCPU)
+	if unpinned != nil {
+		pinning = fmt.Sprintf("NOT pinned (%v)", unpinned)
+	}
+	clientCPUs, err := redistest.ProcessCPUs(0)
+	if err != nil {
+		clientCPUs = err.Error()
+	}
+	env.header = []string{
+		fmt.Sprintf("redis-server %s (pid %d) %s: may run on CPUs %s", version, pid, pinning, serverCPUs),
+		fmt.Sprintf("go client: %d callers, PoolSize %d, GOMAXPROCS %d, may run on CPUs %s (not pinned: it shares Redis's core)",
+			benchCallers, 2*benchCallers, runtime.GOMAXPROCS(0), clientCPUs),
+		"cpu_us/op: Redis CPU (INFO used_cpu_sys+used_cpu_user) per call; script_us: INFO commandstats usec per EVALSHA/EVAL (PING for ping)",
+		"p99_us: INFO latencystats p99 of the run's EVALSHA (PING) execution times, after CONFIG RESETSTAT (histogram, within 1%)",
+		"x_seed_cpu: cpu_us/op over seed hot's for (a) (a') (d) (e), over seed 10k's for (b) (b') (c)",
+	}
+	return env
+}
+
+// benchResult is the outcome of one call.
+type benchResult uint8
+
+const (
+	benchAdmitted benchResult = iota // admitted (or, for PING, answered)
+	benchReserved                    // denied, holding a reservation
+	benchDenied                      // denied, holding nothing
+)
+
+// benchCall makes call number i of a run.
+type benchCall func(ctx context.Context, i int64) (benchResult, error)
+
+// benchCase is one row of the table.
+type benchCase struct {
+	name     string   // sub-benchmark name, after "case="
+	label    string   // first column of the table
+	seed     string   // the seed row whose cpu_us/op it is compared with; "" for none
+	commands []string // the commands script_us is read from (INFO commandstats names)
+	// prepare readies one run, untimed, and returns the call it times.
+	prepare func(b *testing.B, run int) benchCall
+	// check returns an error if the outcomes of a run are wrong for the case.
+	check func(o benchOutcomes) error
+	// sample, if set, runs after the timed run, untimed, and returns a note for the table.
+	sample func(b *testing.B, call benchCall) string
+}
+
+// benchOutcomes counts what the calls of one run got, and when the run began and ended.
+type benchOutcomes struct {
+	calls, admitted, reserved, denied int64
+	start, end                        time.Time
+}
+
+// benchRow is the last run of a case.
+type benchRow struct {
+	c         benchCase
+	out       benchOutcomes
+	perSec    float64 // calls per second
+	cpuUS     float64 // Redis CPU per call, microseconds
+	cmdUS     float64 // execution time per script call (or PING), microseconds
+	p99US     float64 // 99th percentile of the EVALSHA (or PING) execution times, microseconds
+	cmdCalls  int64   // script calls (or PINGs) Redis counted in the run
+	noscript  int64   // NOSCRIPT errors Redis replied in the run
+	otherErrs string  // other error replies counted by INFO errorstats, if any
+	note      string  // from benchCase.sample
+}
+
+// errBenchStop, returned by a call, ends benchParallel early without an error.
+var errBenchStop = errors.New("enough calls")
+
+// benchParallel calls call(i) for every i in [0, n) from benchCallers goroutines at once,
+// each taking the next i, and counts the results. It stops at the first error and returns
+// it; errBenchStop ends it early without an error.
+func benchParallel(ctx context.Context, n int64, call benchCall) (benchOutcomes, error) {
+	var next, admitted, reserved, denied atomic.Int64
+	var mu sync.Mutex
+	var firstErr error
+	var wg sync.WaitGroup
+	o := benchOutcomes{start: time.Now()}
+	for range benchCallers {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= n {
 					return
+				}
+				r, err := call(ctx, i)
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					next.Store(n) // the others stop at their next call
+					return
+				}
+				switch r {
+				case benchAdmitted:
+					admitted.Add(1)
+				case benchReserved:
+					reserved.Add(1)
+				default:
+					denied.Add(1)
 				}
 			}
 		})
-		pingPerSec = float64(b.N) / b.Elapsed().Seconds()
-		b.ReportMetric(pingPerSec, "ops/s")
-	})
-	b.Run("op=allow", func(b *testing.B) {
-		for _, tenants := range []int{1, 1000} {
-			b.Run("tenants="+strconv.Itoa(tenants), func(b *testing.B) {
-				quotas := []throttle.Quota{{Scope: throttle.ScopeTenant, Limit: throttle.PerSecond(1 << 30)}}
-				b.SetParallelism(parallelism)
-				b.ReportAllocs()
-				b.RunParallel(func(pb *testing.PB) {
-					for i := 0; pb.Next(); i++ {
-						req := throttle.Request{Key: throttle.Key{TaskType: "bench", Tenant: strconv.Itoa(i % tenants)}, Quotas: quotas}
-						d, err := l.Allow(ctx, req)
-						if err != nil || !d.Allowed {
-							b.Errorf("Allow = %+v, %v; want an admission", d, err)
-							return
-						}
-					}
-				})
-				perSec := float64(b.N) / b.Elapsed().Seconds()
-				b.ReportMetric(perSec, "decisions/s")
-				if pingPerSec > 0 {
-					b.ReportMetric(perSec/pingPerSec, "allow/ping")
-				}
-			})
+	}
+	wg.Wait()
+	o.end = time.Now()
+	o.admitted, o.reserved, o.denied = admitted.Load(), reserved.Load(), denied.Load()
+	o.calls = o.admitted + o.reserved + o.denied
+	if errors.Is(firstErr, errBenchStop) {
+		firstErr = nil
+	}
+	return o, firstErr
+}
+
+// run runs case c as a sub-benchmark, case=<name>, and keeps its last run as a row.
+func (e *benchEnv) run(b *testing.B, c benchCase) {
+	ok := b.Run("case="+c.name, func(b *testing.B) {
+		b.ReportAllocs()
+		e.runs++
+		call := c.prepare(b, e.runs)
+		if err := e.rdb.ConfigResetStat(e.ctx).Err(); err != nil { // for the run's own percentiles
+			b.Fatal(err)
+		}
+		before, err := redistest.ReadStats(e.ctx, e.rdb)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ResetTimer()
+		out, err := benchParallel(e.ctx, int64(b.N), call)
+		b.StopTimer()
+		if err != nil {
+			e.fail(c, err)
+			b.Fatalf("%s: %v", c.label, err)
+		}
+		after, err := redistest.ReadStats(e.ctx, e.rdb)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := c.check(out); err != nil {
+			e.fail(c, err)
+			b.Fatalf("%s: wrong outcome: %v", c.label, err)
+		}
+		d := after.Sub(before)
+		cmd := d.Command(c.commands...)
+		row := &benchRow{c: c, out: out,
+			perSec:   float64(out.calls) / out.end.Sub(out.start).Seconds(),
+			cpuUS:    d.CPU().Seconds() * 1e6 / float64(out.calls),
+			cmdCalls: cmd.Calls, noscript: d.Errors["NOSCRIPT"]}
+		if cmd.Calls > 0 {
+			row.cmdUS = cmd.Total.Seconds() * 1e6 / float64(cmd.Calls)
+		}
+		row.p99US = after.Latency[c.commands[0]]["p99"].Seconds() * 1e6
+		for _, name := range slices.Sorted(maps.Keys(d.Errors)) {
+			if name != "NOSCRIPT" {
+				row.otherErrs += fmt.Sprintf(" %s:%d", name, d.Errors[name])
+			}
+		}
+		if c.sample != nil {
+			row.note = c.sample(b, call)
+		}
+		if e.rows[c.name] == nil {
+			e.order = append(e.order, c.name)
+		}
+		e.rows[c.name] = row
+
+		b.ReportMetric(row.perSec, "decisions/s")
+		b.ReportMetric(row.cpuUS, "cpu_us/op")
+		b.ReportMetric(row.cmdUS, "script_us")
+		b.ReportMetric(row.p99US, "script_p99_us")
+		if x, ok := e.ratio(c.name, "ping", func(r *benchRow) float64 { return r.perSec }); ok {
+			b.ReportMetric(x, "x_ping")
+		}
+		if x, ok := e.ratio(c.name, "ping", func(r *benchRow) float64 { return r.cpuUS }); ok {
+			b.ReportMetric(x, "x_ping_cpu")
+		}
+		if x, ok := e.ratio(c.name, c.seed, func(r *benchRow) float64 { return r.cpuUS }); ok {
+			b.ReportMetric(x, "x_seed_cpu")
 		}
 	})
+	if !ok { // no row from a shorter run before the failure
+		delete(e.rows, c.name)
+		e.order = slices.DeleteFunc(e.order, func(name string) bool { return name == c.name })
+		if !slices.ContainsFunc(e.failures, func(f string) bool { return strings.HasPrefix(f, c.label+":") }) {
+			e.failures = append(e.failures, c.label+": failed (see its --- FAIL above)")
+		}
+	}
+}
+
+// fail notes that case c failed with err, for the table.
+func (e *benchEnv) fail(c benchCase, err error) {
+	e.failures = append(e.failures, fmt.Sprintf("%s: %v", c.label, err))
+}
+
+// ratio returns metric(row name) / metric(row ref), if both rows ran.
+func (e *benchEnv) ratio(name, ref string, metric func(*benchRow) float64) (float64, bool) {
+	r, base := e.rows[name], e.rows[ref]
+	if r == nil || base == nil || metric(base) == 0 {
+		return 0, false
+	}
+	return metric(r) / metric(base), true
+}
+
+// table formats the rows side by side, then the notes of the rows that have one and the
+// failures.
+func (e *benchEnv) table() string {
+	var sb strings.Builder
+	for _, line := range e.header {
+		sb.WriteString(line + "\n")
+	}
+	sb.WriteString("\n")
+	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "case\tcalls\tdecisions/s\tx_ping\tcpu_us/op\tx_ping_cpu\tx_seed_cpu\tscript_us\tp99_us\toutcome")
+	var notes []string
+	for _, name := range e.order {
+		r := e.rows[name]
+		ratio := func(ref string, metric func(*benchRow) float64) string {
+			if x, ok := e.ratio(name, ref, metric); ok {
+				return fmt.Sprintf("%.2f", x)
+			}
+			return "-"
+		}
+		perSec := func(r *benchRow) float64 { return r.perSec }
+		cpu := func(r *benchRow) float64 { return r.cpuUS }
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%.2f\t%s\t%s\t%.2f\t%.1f\t%s\n", r.c.label, r.out.calls, r.perSec,
+			ratio("ping", perSec), r.cpuUS, ratio("ping", cpu), ratio(r.c.seed, cpu), r.cmdUS, r.p99US, r.outcome())
+		if r.note != "" {
+			notes = append(notes, r.c.label+": "+r.note)
+		}
+	}
+	tw.Flush()
+	for _, n := range notes {
+		sb.WriteString("\n" + n)
+	}
+	for _, f := range e.failures {
+		sb.WriteString("\nFAILED " + f)
+	}
+	return strings.TrimRight(sb.String(), "\n")
+}
+
+// outcome says what the calls got, and anything odd Redis counted.
+func (r *benchRow) outcome() string {
+	pct := func(n int64) string { return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(r.out.calls)) }
+	var s string
+	switch {
+	case r.c.name == "ping":
+		s = "PONG"
+	case r.out.reserved > 0:
+		s = "reserved " + pct(r.out.reserved)
+	case r.out.denied > 0:
+		s = "denied " + pct(r.out.denied)
+	default:
+		s = "admitted " + pct(r.out.admitted)
+	}
+	if r.out.admitted > 0 && r.out.admitted < r.out.calls {
+		s += fmt.Sprintf(", %d admitted", r.out.admitted)
+	}
+	if r.cmdCalls != r.out.calls {
+		s += fmt.Sprintf(", Redis counted %d %s", r.cmdCalls, strings.Join(r.c.commands, "+"))
+	}
+	if r.noscript > 0 {
+		s += fmt.Sprintf(", %d NOSCRIPT", r.noscript)
+	}
+	if r.otherErrs != "" {
+		s += ", errors" + r.otherErrs
+	}
+	return s
+}
+
+// cases lists the rows in the order they run: the references first.
+func (e *benchEnv) cases() []benchCase {
+	script := []string{"evalsha", "eval"}
+	hot := throttle.Key{TaskType: "bench:hot", Tenant: "hot"}
+	hotQuota := []throttle.Quota{tenantQuota(benchHotLimit, time.Second)}
+	hugeQuota := []throttle.Quota{tenantQuota(benchHuge, time.Second)}
+	return []benchCase{
+		{name: "ping", label: "ping", commands: []string{"ping"},
+			prepare: e.static(func(ctx context.Context, _ int64) (benchResult, error) {
+				return benchAdmitted, e.rdb.Ping(ctx).Err()
+			}),
+			check: benchAllAdmitted},
+		{name: "seed_hot", label: "seed hot", seed: "seed_hot", commands: script,
+			prepare: e.static(e.seedCall(func(int64) string { return "bench:seed:hot" }, benchHotLimit)),
+			check:   benchHotBound(1)},
+		{name: "seed_10k", label: "seed 10k", seed: "seed_10k", commands: script,
+			prepare: e.static(e.seedCall(func(i int64) string { return "bench:seed:" + benchTenantNames[i%benchTenants] }, benchHuge)),
+			check:   benchAllAdmitted},
+		{name: "hot", label: "(a) hot key", seed: "seed_hot", commands: script,
+			prepare: e.static(e.allowCall(e.lim, func(int64) throttle.Request {
+				return throttle.Request{Key: hot, Quotas: hotQuota}
+			})),
+			check: benchHotBound(0)},
+		{name: "tenants_10k", label: "(b) 10k tenants", seed: "seed_10k", commands: script,
+			prepare: e.static(e.allowCall(e.lim, func(i int64) throttle.Request {
+				return throttle.Request{Key: throttle.Key{TaskType: "bench:10k", Tenant: benchTenantNames[i%benchTenants]}, Quotas: hugeQuota}
+			})),
+			check: benchAllAdmitted},
+		{name: "three_quotas", label: "(c) 3 quotas, 10k tenants", seed: "seed_10k", commands: script,
+			prepare: e.static(e.allowCall(e.lim, func() func(int64) throttle.Request {
+				quotas := []throttle.Quota{tenantQuota(benchHuge, time.Second), tenantQuota(benchHuge, time.Hour), typeQuota(benchHuge, time.Second)}
+				return func(i int64) throttle.Request {
+					return throttle.Request{Key: throttle.Key{TaskType: "bench:3q", Tenant: benchTenantNames[i%benchTenants]}, Quotas: quotas}
+				}
+			}())),
+			check: benchAllAdmitted},
+		{name: "reserve", label: "(d) hot key, reserve", seed: "seed_hot", commands: script,
+			prepare: e.prepareReserve, check: benchAllReserved},
+		{name: "type_backlog", label: "(e) type, 10k waiting", seed: "seed_hot", commands: script,
+			prepare: e.prepareBacklog, check: benchAllReserved, sample: e.sampleScriptTimes},
+		{name: "hot_autopipeline", label: "(a') hot key, AutoPipeline", seed: "seed_hot", commands: script,
+			prepare: e.static(e.allowCall(e.ap, func(int64) throttle.Request {
+				return throttle.Request{Key: throttle.Key{TaskType: "bench:hot-ap", Tenant: "hot"}, Quotas: hotQuota}
+			})),
+			check: benchHotBound(0)},
+		{name: "tenants_10k_autopipeline", label: "(b') 10k tenants, AutoPipeline", seed: "seed_10k", commands: script,
+			prepare: e.static(e.allowCall(e.ap, func(i int64) throttle.Request {
+				return throttle.Request{Key: throttle.Key{TaskType: "bench:10k-ap", Tenant: benchTenantNames[i%benchTenants]}, Quotas: hugeQuota}
+			})),
+			check: benchAllAdmitted},
+	}
+}
+
+// static is a prepare that readies nothing: every run makes the same calls.
+func (e *benchEnv) static(call benchCall) func(*testing.B, int) benchCall {
+	return func(*testing.B, int) benchCall { return call }
+}
+
+// seedCall runs the seed script on key(i) with a window of 1s and limit events, and the
+// caller's clock, with a fresh member as Limiter.Allow would make.
+func (e *benchEnv) seedCall(key func(i int64) string, limit int) benchCall {
+	return func(ctx context.Context, i int64) (benchResult, error) {
+		r, err := e.seed.Run(ctx, e.rdb, []string{key(i)}, time.Now().UnixMilli(), time.Second.Milliseconds(), limit, throttle.NewMember()).Int64Slice()
+		switch {
+		case err != nil:
+			return 0, fmt.Errorf("seed script: %w", err)
+		case len(r) != 2:
+			return 0, fmt.Errorf("seed script: reply %v, want 2 integers", r)
+		case r[0] == 1:
+			return benchAdmitted, nil
+		}
+		return benchDenied, nil
+	}
+}
+
+// allowCall decides req(i) with l by the real clock.
+func (e *benchEnv) allowCall(l *throttle.Limiter, req func(i int64) throttle.Request) benchCall {
+	return func(ctx context.Context, i int64) (benchResult, error) {
+		d, err := l.Allow(ctx, req(i))
+		switch {
+		case err != nil:
+			return 0, err
+		case d.Allowed:
+			return benchAdmitted, nil
+		case d.Reserved:
+			return benchReserved, nil
+		}
+		return benchDenied, nil
+	}
+}
+
+// prepareReserve readies a run of row (d): a tenant of its own whose 100/1s window is
+// already full, so that every timed call is a denial that writes a new reservation (a new
+// token each), behind those of the calls before it.
+func (e *benchEnv) prepareReserve(b *testing.B, run int) benchCall {
+	key := throttle.Key{TaskType: "bench:reserve", Tenant: "hot-" + strconv.Itoa(run)}
+	quotas := []throttle.Quota{tenantQuota(benchHotLimit, time.Second)}
+	for i := range benchHotLimit {
+		d, err := e.lim.Allow(e.ctx, throttle.Request{Key: key, Quotas: quotas})
+		if err != nil || !d.Allowed {
+			b.Fatalf("(d) filling the window: call %d of %d: %+v, %v; want an admission", i+1, benchHotLimit, d, err)
+		}
+	}
+	prefix := "d" + strconv.Itoa(run) + "-"
+	return e.allowCall(e.lim, func(i int64) throttle.Request {
+		return throttle.Request{Key: key, Quotas: quotas, Reservation: prefix + strconv.FormatInt(i, 10)}
+	})
+}
+
+// prepareBacklog readies a run of row (e): a task type of its own, with a type quota of
+// 1000/1s, whose log holds at least 10,000 reservations of 100 tenants (the first calls
+// are admitted until the window is full); each timed call then makes one more, with a new
+// token and the next tenant.
+func (e *benchEnv) prepareBacklog(b *testing.B, run int) benchCall {
+	taskType := "bench:backlog-" + strconv.Itoa(run)
+	quotas := []throttle.Quota{typeQuota(benchTypeLimit, time.Second)}
+	var next atomic.Int64 // token number, shared by the fill and the timed calls
+	req := func(tenant int64) throttle.Request {
+		return throttle.Request{Key: throttle.Key{TaskType: taskType, Tenant: benchTenantNames[tenant%100]}, Quotas: quotas,
+			Reservation: "e" + strconv.Itoa(run) + "-" + strconv.FormatInt(next.Add(1), 10)}
+	}
+	var reserved atomic.Int64
+	fill := e.allowCall(e.lim, req)
+	out, err := benchParallel(e.ctx, math.MaxInt64, func(ctx context.Context, i int64) (benchResult, error) {
+		if reserved.Load() >= benchBacklog {
+			return 0, errBenchStop
+		}
+		r, err := fill(ctx, i)
+		if r == benchReserved {
+			reserved.Add(1)
+		}
+		return r, err
+	})
+	if err != nil || out.denied > 0 || out.admitted > benchTypeLimit*int64(2+out.end.Sub(out.start)/time.Second) {
+		b.Fatalf("(e) filling the backlog: %d admitted, %d reserved, %d denied in %v, %v; want at most %d admitted per second, then reservations",
+			out.admitted, out.reserved, out.denied, out.end.Sub(out.start).Round(time.Millisecond), err, benchTypeLimit)
+	}
+	return e.allowCall(e.lim, req)
+}
+
+// sampleScriptTimes makes 2 x benchSample more calls of row (e), untimed, in batches of
+// 4 x benchCallers: the first half with SLOWLOG off, read from INFO commandstats and
+// latencystats; the second with SLOWLOG recording every command, each batch's log read and
+// reset before the next so that none is dropped. It returns both halves' mean and p99
+// script execution times, and the second's p50 and maximum. Redis 7 also logs every
+// redis.call a script makes, within the script's own time: the first half shows how much
+// that logging adds.
+func (e *benchEnv) sampleScriptTimes(b *testing.B, call benchCall) string {
+	const batch = 4 * benchCallers
+	const maxLen = 100_000 // entries a batch may leave: 390 per call
+	batches := func(each func()) {
+		for done := int64(0); done < benchSample; done += batch {
+			each()
+			out, err := benchParallel(e.ctx, min(batch, benchSample-done), call)
+			if err == nil {
+				err = benchAllReserved(out)
+			}
+			if err != nil {
+				b.Fatalf("(e) sampled calls: %v", err)
+			}
+		}
+	}
+
+	if err := e.rdb.ConfigResetStat(e.ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	batches(func() {})
+	quiet, err := redistest.ReadStats(e.ctx, e.rdb)
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	old, err := e.rdb.ConfigGet(e.ctx, "slowlog-*").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		for _, k := range []string{"slowlog-log-slower-than", "slowlog-max-len"} {
+			if err := e.rdb.ConfigSet(e.ctx, k, old[k]).Err(); err != nil {
+				b.Errorf("restore %s: %v", k, err)
+			}
+		}
+		_ = e.rdb.SlowLogReset(e.ctx).Err()
+	}()
+	for k, v := range map[string]string{"slowlog-log-slower-than": "0", "slowlog-max-len": strconv.Itoa(maxLen)} {
+		if err := e.rdb.ConfigSet(e.ctx, k, v).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var durations []time.Duration
+	entries, full := 0, false
+	read := func() { // the previous batch's log, then a clean one
+		ds, n, err := redistest.SlowlogDurations(e.ctx, e.rdb, "evalsha", "eval")
+		if err != nil {
+			b.Fatal(err)
+		}
+		durations, entries, full = append(durations, ds...), entries+n, full || n >= maxLen
+		if err := e.rdb.SlowLogReset(e.ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	read()
+	durations, entries = nil, 0
+	batches(read)
+	read()
+	if len(durations) == 0 {
+		return "SLOWLOG recorded no script call"
+	}
+	var sum time.Duration
+	for _, d := range durations {
+		sum += d
+	}
+	slices.Sort(durations)
+	at := func(p float64) int64 { // nearest rank, microseconds
+		return durations[max(int(math.Ceil(p*float64(len(durations))))-1, 0)].Microseconds()
+	}
+	us := func(d time.Duration) float64 { return d.Seconds() * 1e6 }
+	note := fmt.Sprintf("%d more calls in batches of %d: script mean %.1f us, p99 %.1f us (INFO latencystats); "+
+		"then %d with SLOWLOG logging every command (%.1f entries per call): script mean %.1f us, p50 %d us, p99 %d us, max %d us",
+		benchSample, batch, us(quiet.Command("evalsha", "eval").PerCall()), us(quiet.Latency["evalsha"]["p99"]),
+		len(durations), float64(entries)/float64(benchSample), us(sum)/float64(len(durations)), at(0.50), at(0.99), at(1))
+	if len(durations) != benchSample || full {
+		note += fmt.Sprintf(" (SLOWLOG was full or missed calls: %d script entries for %d calls)", len(durations), benchSample)
+	}
+	return note
+}
+
+// benchAllAdmitted requires every call admitted.
+func benchAllAdmitted(o benchOutcomes) error {
+	if o.admitted != o.calls {
+		return fmt.Errorf("%d of %d calls admitted, want all (%d reserved, %d denied)", o.admitted, o.calls, o.reserved, o.denied)
+	}
+	return nil
+}
+
+// benchAllReserved requires every call denied with a reservation.
+func benchAllReserved(o benchOutcomes) error {
+	if o.reserved != o.calls {
+		return fmt.Errorf("%d of %d calls reserved, want all (%d admitted, %d denied without a reservation)", o.reserved, o.calls, o.admitted, o.denied)
+	}
+	return nil
+}
+
+// benchHotBound requires no more admissions in a hot-key run than a 100/1s sliding window
+// allows over the milliseconds the run spanned (calls decided at whole milliseconds in
+// [start, end]; each block of 1000 consecutive ones is one window), plus slack windows, and
+// no reservation. Limiter.Allow never decides before its caller's clock nor after the
+// latest clock any caller read, so it keeps the exact bound (slack 0). The seed decides by
+// each caller's clock as its call reaches Redis, which is out of order among 64 callers:
+// a call trims what an earlier-stamped call arriving later would still count, so the seed
+// gets a window of slack.
+func benchHotBound(slack int64) func(o benchOutcomes) error {
+	return func(o benchOutcomes) error {
+		spanMS := o.end.UnixMilli() - o.start.UnixMilli() + 1
+		limit := benchHotLimit * ((spanMS+999)/1000 + slack)
+		if o.admitted > limit || o.reserved > 0 {
+			return fmt.Errorf("%d of %d calls admitted and %d reserved in %d ms; want at most %d admitted (%d/1s) and none reserved",
+				o.admitted, o.calls, o.reserved, spanMS, limit, benchHotLimit)
+		}
+		return nil
+	}
 }

@@ -1,6 +1,8 @@
 // Package redistest starts throwaway redis-server processes for tests: each on a free
 // loopback port, persistence off, stopped by t.Cleanup. Tests own their servers, so they
-// can flush, stop and restart them freely. StartCluster joins several into a Redis Cluster.
+// can flush, stop and restart them freely. StartCluster joins several into a Redis Cluster;
+// StartServerPinned binds one to a CPU core for benchmarks, and ReadStats reads what it
+// reports in INFO about the work it did.
 //
 // Without redis-server (or, for a cluster, redis-cli) on PATH the calling test fails and
 // says how to install it: a suite that skips its Redis tests has tested nothing.
@@ -8,10 +10,13 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,7 +31,8 @@ type Server struct {
 
 	tb     testing.TB
 	port   int
-	dir    string // working directory, kept across Restart so AOF or RDB files survive
+	dir    string   // working directory, kept across Restart so AOF or RDB files survive
+	runner []string // command that runs redis-server, e.g. taskset -c 1; nil: run it directly
 	mu     sync.Mutex
 	cmd    *exec.Cmd     // nil while stopped
 	exited chan struct{} // closed when cmd has exited
@@ -47,14 +53,49 @@ func StartServer(tb testing.TB, extraArgs ...string) *Server {
 	return startServer(tb, freePort, func(*Server) []string { return extraArgs })
 }
 
+// StartServerPinned is StartServer with the redis-server process, and every thread it
+// starts, bound to CPU core cpu (numbered as the kernel numbers them, from 0) by
+// "taskset -c <cpu>", so that a benchmark's client goroutines do not share that core with
+// it. Restart keeps it bound. Without taskset on PATH, or if taskset cannot bind to cpu
+// (no such core, or not allowed here), the server runs unpinned, unpinned says why, and
+// tb.Logf logs it; unpinned is nil when the server is pinned.
+func StartServerPinned(tb testing.TB, cpu int, extraArgs ...string) (s *Server, unpinned error) {
+	tb.Helper()
+	runner, err := tasksetRunner(cpu)
+	if err != nil {
+		tb.Logf("redistest: redis-server NOT pinned to CPU %d: %v", cpu, err)
+	}
+	return startServerWith(tb, freePort, runner, func(*Server) []string { return extraArgs }), err
+}
+
+// tasksetRunner returns the command prefix that runs a program on CPU core cpu, checked by
+// running "taskset -c <cpu> true" once, or the reason it cannot.
+func tasksetRunner(cpu int) ([]string, error) {
+	taskset, err := exec.LookPath("taskset")
+	if err != nil {
+		return nil, errors.New("taskset is not on PATH (Debian/Ubuntu: it is in util-linux)")
+	}
+	runner := []string{taskset, "-c", strconv.Itoa(cpu)}
+	if out, err := exec.Command(taskset, append(runner[1:], "true")...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("taskset -c %d true: %v: %s", cpu, err, strings.TrimSpace(string(out)))
+	}
+	return runner, nil
+}
+
 // startServer is StartServer with the port chosen by pickPort and extra arguments that
 // may name the server's port or directory (argsFor is called once per attempt).
 func startServer(tb testing.TB, pickPort func(testing.TB) int, argsFor func(s *Server) []string) *Server {
 	tb.Helper()
+	return startServerWith(tb, pickPort, nil, argsFor)
+}
+
+// startServerWith is startServer with redis-server run by runner (nil: directly).
+func startServerWith(tb testing.TB, pickPort func(testing.TB) int, runner []string, argsFor func(s *Server) []string) *Server {
+	tb.Helper()
 	path := lookPath(tb)
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ { // another process may take the free port first
-		s := &Server{tb: tb, port: pickPort(tb), dir: tb.TempDir()}
+		s := &Server{tb: tb, port: pickPort(tb), dir: tb.TempDir(), runner: runner}
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
 		if lastErr = s.start(path, argsFor(s)); lastErr == nil {
 			tb.Cleanup(s.kill)
@@ -91,6 +132,9 @@ func (s *Server) Restart(extraArgs ...string) {
 func (s *Server) start(path string, extraArgs []string) error {
 	args := append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir}, extraArgs...)
+	if len(s.runner) > 0 { // the runner execs redis-server: the process is still the server
+		path, args = s.runner[0], slices.Concat(s.runner[1:], []string{path}, args)
+	}
 	cmd := exec.Command(path, args...)
 	if err := cmd.Start(); err != nil {
 		return err
