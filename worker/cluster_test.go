@@ -52,7 +52,7 @@ type clusterPayload struct {
 // TestEndToEndCluster runs the whole path on a 3-master Redis Cluster through one
 // redis.ClusterClient shared by asynq's server (NewServerFromRedisClient), client and
 // inspector, the limiter and the middleware: rule "e2e:cluster tenant=3/1s", 2 tenants x 9
-// tasks, MaxWait < 0 so every denied task is re-queued. The ninth task of each tenant has
+// tasks, with reservations. The ninth task of each tenant has
 // MaxRetry(0) and is enqueued once its tenant's first 3 ran, so it is denied and replaced
 // by a copy. Every task completes exactly once, none is archived, no retry is spent,
 // each tenant has exactly 3 admissions in its busiest 1s window, and asynq logs no error.
@@ -94,9 +94,10 @@ func TestEndToEndCluster(t *testing.T) {
 	}
 
 	mw, err := worker.New(newLimiter(t, rdb), worker.Config{
-		Rules:   mustRules(t, "e2e:cluster tenant=3/1s"),
-		Redis:   rdb,
-		MaxWait: -1, // re-queue every denial: the MaxRetry(0) tasks are deferred as copies
+		Rules: mustRules(t, "e2e:cluster tenant=3/1s"),
+		Redis: rdb,
+		// Reservations, as by default: a newcomer denied for more than NewcomerWait is
+		// re-queued at once, so the MaxRetry(0) tasks are deferred as copies.
 	})
 	if err != nil {
 		t.Fatal(err)

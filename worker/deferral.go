@@ -34,7 +34,7 @@ func (m *middleware) deferTask(ctx context.Context, task *asynq.Task, cause erro
 	}
 	n, _ := strconv.Atoi(headers[HeaderDeferrals])
 	headers[HeaderDeferrals] = strconv.Itoa(n + 1)
-	copyID := headers[HeaderOriginID] + ":deferred:" + headers[HeaderDeferrals]
+	copyID := copyID(task, id)
 
 	opts := []asynq.Option{
 		asynq.Queue(queue),
@@ -58,6 +58,17 @@ func (m *middleware) deferTask(ctx context.Context, task *asynq.Task, cause erro
 		return fmt.Errorf("worker: task %s has no retry left and its copy %s could not be enqueued: %w (%w)", id, copyID, cause, err)
 	}
 	return fmt.Errorf("%w; deferred as task %s due %s: %w", cause, copyID, ceilSecond(retryAt).Format(time.RFC3339), asynq.RevokeTask)
+}
+
+// copyID is the id of the copy that replaces task (whose asynq id is id) when it has no
+// retry left: the first task's id plus ":deferred:<n>", n counting the copies.
+func copyID(task *asynq.Task, id string) string {
+	origin := task.Headers()[HeaderOriginID]
+	if origin == "" {
+		origin = id
+	}
+	n, _ := strconv.Atoi(task.Headers()[HeaderDeferrals])
+	return origin + ":deferred:" + strconv.Itoa(n+1)
 }
 
 // ceilSecond rounds t up to a whole second: asynq stores retry and scheduled times as

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
-	"github.com/rs/xid"
 
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 	"github.com/asynq-throttle/asynq-throttle/worker"
@@ -194,20 +194,35 @@ func fmtOutcomes(m map[string]float64) string {
 }
 
 // admissions returns the scores (ms) of the admission entries in the window log key, one
-// per slot: entries "<slot>:<xid>", the middleware's event ids. Reservations, whose ids
-// are task ids, are left out.
+// per slot: an admission of cost c ("*<c>:<id>", or "<id>" for cost 1) counts c times.
+// Reservations ("@...", "~...") and the log's sentinels ("#", "#f") are left out.
 func admissions(t *testing.T, rdb redis.UniversalClient, key string) []int64 {
 	t.Helper()
-	zs, err := rdb.ZRangeWithScores(context.Background(), key, 0, -1).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out []int64
-	for _, z := range zs {
-		_, id, _ := strings.Cut(z.Member.(string), ":")
-		if _, err := xid.FromString(id); err == nil {
+	for _, z := range logEntries(t, rdb, key) {
+		m := z.Member.(string)
+		switch m[0] {
+		case '@', '~':
+			continue
+		case '*':
+			n, _ := strconv.Atoi(m[1:strings.IndexByte(m, ':')])
+			for range n {
+				out = append(out, int64(z.Score))
+			}
+		default:
 			out = append(out, int64(z.Score))
 		}
 	}
 	return out
+}
+
+// logEntries returns the entries of the window log key, one per event, without its
+// sentinels (scored below -2^50, see lua/sliding_window.lua).
+func logEntries(t *testing.T, rdb redis.UniversalClient, key string) []redis.Z {
+	t.Helper()
+	zs, err := rdb.ZRangeByScoreWithScores(context.Background(), key, &redis.ZRangeBy{Min: "-1e15", Max: "+inf"}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return zs
 }

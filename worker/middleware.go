@@ -16,11 +16,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
-	"github.com/rs/xid"
 	"golang.org/x/time/rate"
 
 	"github.com/asynq-throttle/asynq-throttle/producer"
@@ -55,11 +56,14 @@ type Config struct {
 	// Defaults to false: each denied task holds a reservation (throttle.Request.Reservation)
 	// for its own slot, so tasks denied together come back one slot apart, in order.
 	NoReservations bool
-	// MaxWait is the longest wait the middleware sits out inside the handler instead of
-	// re-queueing the task, never past the task's deadline. The task holds its worker slot
-	// meanwhile. With reservations it applies to a task coming back for its reservation; a
-	// task denied for the first time waits at most NewcomerWait. Defaults to
-	// DefaultMaxWait; negative: never wait in the handler.
+	// MaxWait is the longest a task waits inside its handler for a slot instead of being
+	// re-queued, never past its deadline: the limiter admits it for a slot at most that far
+	// ahead (throttle.Request.ClaimWait, throttle.Decision.Delay) and the task starts then.
+	// The task holds its worker slot meanwhile. With reservations it applies to a task
+	// coming back for its reservation; a task denied for the first time waits at most
+	// NewcomerWait. Defaults to DefaultMaxWait; negative: never wait in the handler, which
+	// needs NoReservations (New returns an error otherwise: a task that cannot wait for
+	// its reserved instant comes back after it, when its slot is promised to the next).
 	MaxWait time.Duration
 	// WakeLead is how long before its reserved instant a re-queued task is scheduled to
 	// come back. asynq stores retry times in whole seconds and moves due tasks back to
@@ -72,6 +76,24 @@ type Config struct {
 	// interval; set it to 1s + your DelayedTaskCheckInterval + ~250ms, and MaxWait above
 	// it. Ignored with NoReservations.
 	WakeLead time.Duration
+	// ClaimTimeout is how long after its reserved instant a task may still claim its
+	// reservation (throttle.Request.ClaimTimeout); later, the reservation lapses and stops
+	// holding the slot, and the task waits like a newcomer. Defaults to WakeLead + 2s: a
+	// task woken WakeLead early arrives before its instant unless the workers are busy.
+	// New returns an error if it is negative.
+	ClaimTimeout time.Duration
+	// WeightFunc, if set, gives each tenant its share of a type-wide quota (ScopeType):
+	// tenants with waiting tasks get its slots in proportion to their weights, from 1 to
+	// throttle.MaxWeight. Defaults to 1 for every tenant: equal shares.
+	WeightFunc func(key throttle.Key) int
+	// SweepInterval is how often the middleware releases the reservations of tasks that
+	// asynq no longer holds (deleted, archived, completed; see Sweeper), so their slots go
+	// to the tasks behind them. Defaults to ClaimTimeout / 2; negative: never. The sweep
+	// runs in the background until Context ends.
+	SweepInterval time.Duration
+	// Context bounds the middleware's background work (the sweep). Defaults to
+	// context.Background(): the life of the process.
+	Context context.Context
 	// Logger receives a line for every task that can never fit (bad cost, cost over a
 	// limit), each fail-open run, and clock-skew fallbacks (at most one a minute).
 	// Defaults to slog.Default().
@@ -99,6 +121,8 @@ const (
 	// yet) waits in its handler, with reservations; a longer wait re-queues it. MaxWait is
 	// for tasks coming back for their reservation.
 	NewcomerWait = 250 * time.Millisecond
+	// claimTimeoutMargin is ClaimTimeout beyond WakeLead when left zero.
+	claimTimeoutMargin = 2 * time.Second
 )
 
 // Header names of the copy that replaces a denied task with no retry left.
@@ -119,21 +143,23 @@ var ErrUnavailable = errors.New("worker: limiter unavailable")
 const UnavailableRetryDelay = 5 * time.Second
 
 type middleware struct {
-	lim       *throttle.Limiter
-	rules     map[string]Rule
-	header    string
-	client    *asynq.Client
-	inspector *asynq.Inspector
-	failOpen  bool
-	reserve   bool
-	maxWait   time.Duration // < 0: never wait in the handler
-	lead      time.Duration
-	wait      time.Duration
-	log       *slog.Logger
-	metrics   *Metrics
-	observe   func(context.Context, *asynq.Task, throttle.Key, throttle.Decision)
-	now       func() time.Time
-	skewLog   rate.Sometimes
+	lim          *throttle.Limiter
+	claimTimeout time.Duration
+	weight       func(throttle.Key) int
+	rules        map[string]Rule
+	header       string
+	client       *asynq.Client
+	inspector    *asynq.Inspector
+	failOpen     bool
+	reserve      bool
+	maxWait      time.Duration // < 0: never wait in the handler
+	lead         time.Duration
+	wait         time.Duration
+	log          *slog.Logger
+	metrics      *Metrics
+	observe      func(context.Context, *asynq.Task, throttle.Key, throttle.Decision)
+	now          func() time.Time
+	skewLog      rate.Sometimes
 }
 
 // New returns asynq middleware that decides each task of a ruled type against lim before
@@ -183,6 +209,18 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 	if !m.reserve {
 		m.lead = 0
 	}
+	if m.reserve && m.maxWait < 0 {
+		return nil, errors.New("worker: MaxWait < 0 (never wait in a handler) needs NoReservations: " +
+			"a task that cannot wait for its reserved instant comes back after it, when its slot is promised to the next task")
+	}
+	if cfg.ClaimTimeout < 0 {
+		return nil, fmt.Errorf("worker: ClaimTimeout %s < 0: a reservation must stay claimable for some time after its instant", cfg.ClaimTimeout)
+	}
+	m.claimTimeout = cfg.ClaimTimeout
+	if m.claimTimeout == 0 {
+		m.claimTimeout = max(m.lead, 0) + claimTimeoutMargin
+	}
+	m.weight = cfg.WeightFunc
 	if m.log == nil {
 		m.log = slog.Default()
 	}
@@ -194,6 +232,9 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 			return nil, fmt.Errorf("worker: two rules for task type %q; put all its quotas in one rule", r.TaskType)
 		}
 		m.rules[r.TaskType] = r
+	}
+	if err := m.startSweep(cfg); err != nil {
+		return nil, err
 	}
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
@@ -222,51 +263,106 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 	if err != nil {
 		return m.reject(ctx, key, rule, err)
 	}
-	req := throttle.Request{Key: key, Quotas: rule.Quotas, Cost: cost, Member: xid.New().String()}
+	req := throttle.Request{Key: key, Quotas: rule.Quotas, Cost: cost, Member: throttle.NewMember(), MaxWait: m.waitFor(ctx, m.maxWait)}
+	if m.weight != nil {
+		req.Weight = min(max(m.weight(key), 1), throttle.MaxWeight)
+	}
 	if m.reserve {
 		req.Reservation = reservationID(ctx, task)
+		req.Holder = m.holder(ctx, task)
+		req.MaxWait = m.waitFor(ctx, min(NewcomerWait, m.maxWait))
+		req.ClaimWait = m.waitFor(ctx, m.maxWait)
+		req.ClaimTimeout = m.claimTimeout
 	}
-	for {
-		d, err := m.allow(ctx, req)
-		switch {
-		case errors.Is(err, throttle.ErrInvalid):
-			return m.reject(ctx, key, rule, err)
-		case err != nil && m.failOpen:
-			m.metrics.count(key.TaskType, OutcomeFailedOpen)
-			m.log.Warn("throttle: limiter unavailable, running task unthrottled (FailOpen)",
-				"task_type", key.TaskType, "tenant", key.Tenant, "err", err)
-			return next.ProcessTask(ctx, task)
-		case err != nil:
-			m.metrics.count(key.TaskType, OutcomeUnavailable)
-			return m.later(ctx, task, fmt.Errorf("%w: %w", ErrUnavailable, err), m.now().Add(UnavailableRetryDelay))
-		}
-		m.checkSkew(key, d)
-		if m.observe != nil {
-			m.observe(ctx, task, key, d)
-		}
-		if d.Allowed {
-			m.metrics.count(key.TaskType, OutcomeAdmitted)
-			return next.ProcessTask(context.WithValue(ctx, decisionKey{}, d), task)
-		}
-		if reason := m.overdue(ctx, rule, d); reason != "" {
-			return m.giveUp(ctx, task, next, rule, req, reason)
-		}
-		if m.mayWait(d) && m.sleep(ctx, d.RetryAfter) {
-			m.metrics.count(key.TaskType, OutcomeWaited)
-			continue // the same request: its reservation, if any, is now due
-		}
-		wake := m.now().Add(d.RetryAfter)
-		if d.Reserved {
-			wake = wake.Add(-m.leadFor(ctx))
-		}
-		denied := &throttle.DeniedError{
-			Key:        key,
-			Quota:      d.Quota,
-			RetryAfter: d.RetryAfter,
-			RetryAt:    wake, // local clock, as asynq's retry scores
-		}
-		return m.later(ctx, task, denied, denied.RetryAt)
+	d, err := m.allow(ctx, req)
+	switch {
+	case errors.Is(err, throttle.ErrInvalid):
+		return m.reject(ctx, key, rule, err)
+	case err != nil && m.failOpen:
+		m.metrics.count(key.TaskType, OutcomeFailedOpen)
+		m.log.Warn("throttle: limiter unavailable, running task unthrottled (FailOpen)",
+			"task_type", key.TaskType, "tenant", key.Tenant, "err", err)
+		return next.ProcessTask(ctx, task)
+	case err != nil:
+		m.metrics.count(key.TaskType, OutcomeUnavailable)
+		return m.later(ctx, task, fmt.Errorf("%w: %w", ErrUnavailable, err), m.now().Add(UnavailableRetryDelay))
 	}
+	m.checkSkew(key, d)
+	if m.observe != nil {
+		m.observe(ctx, task, key, d)
+	}
+	if d.Allowed {
+		return m.run(ctx, task, next, key, d)
+	}
+	if reason := m.overdue(ctx, rule, d); reason != "" {
+		return m.giveUp(ctx, task, next, rule, req, reason)
+	}
+	wake := m.now().Add(d.RetryAfter)
+	if d.Reserved {
+		wake = wake.Add(-m.leadFor(ctx))
+	}
+	denied := &throttle.DeniedError{
+		Key:        key,
+		Quota:      d.Quota,
+		RetryAfter: d.RetryAfter,
+		RetryAt:    wake, // local clock, as asynq's retry scores
+	}
+	return m.later(ctx, task, denied, denied.RetryAt)
+}
+
+// run starts the handler of a task admitted by d: at once, or after d.Delay when it was
+// admitted for a slot a little ahead (the limiter logged its admission at that instant,
+// so starting earlier would break the window that the API sees). If ctx ends while it
+// waits, the task returns ctx's error and asynq retries it as it would any task whose
+// context ended; the slot it was given goes unused.
+func (m *middleware) run(ctx context.Context, task *asynq.Task, next asynq.Handler, key throttle.Key, d throttle.Decision) error {
+	if d.Delay > 0 {
+		m.metrics.count(key.TaskType, OutcomeWaited)
+		t := time.NewTimer(d.Delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	} else {
+		m.metrics.count(key.TaskType, OutcomeAdmitted)
+	}
+	return next.ProcessTask(context.WithValue(ctx, decisionKey{}, d), task)
+}
+
+// waitFor is the longest a task may wait in its handler: d (negative: not at all), and no
+// later than 100ms before ctx's deadline, so that the handler still has time to start.
+func (m *middleware) waitFor(ctx context.Context, d time.Duration) time.Duration {
+	d = max(d, 0)
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, max(dl.Sub(m.now())-100*time.Millisecond, 0))
+	}
+	return d
+}
+
+// holder names the asynq task that will hold the reservation this attempt may make, for
+// the sweep to ask asynq about: this task, or, if it has no retry left (it would be
+// replaced by a copy, see deferTask), the copy. See holderOf.
+func (m *middleware) holder(ctx context.Context, task *asynq.Task) string {
+	queue, _ := asynq.GetQueueName(ctx)
+	id, _ := asynq.GetTaskID(ctx)
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, _ := asynq.GetMaxRetry(ctx)
+	if retried >= maxRetry {
+		id = copyID(task, id)
+	}
+	return strconv.Itoa(len(queue)) + ":" + queue + id
+}
+
+// holderOf reads a holder written by holder: the queue and the task id.
+func holderOf(h string) (queue, id string, ok bool) {
+	n, rest, ok := strings.Cut(h, ":")
+	l, err := strconv.Atoi(n)
+	if !ok || err != nil || l < 0 || l > len(rest) {
+		return "", "", false
+	}
+	return rest[:l], rest[l:], true
 }
 
 // overdue returns why the task, denied by d, would wait too long under rule (longer than
@@ -325,37 +421,6 @@ func (m *middleware) leadFor(ctx context.Context) time.Duration {
 	return lead
 }
 
-// mayWait reports whether a task denied by d may wait in its handler (within MaxWait,
-// see sleep). With reservations, only a task coming back for its reservation does, or one
-// whose new slot is at most NewcomerWait away: a newly denied task that sat in its handler
-// would hold a worker slot while the tasks behind it in asynq's queue, maybe another
-// tenant's, wait their turn to reach the limiter at all; re-queued, it frees the worker
-// at once and the limiter can order everyone's slots (see the type-wide fairness in
-// package throttle).
-func (m *middleware) mayWait(d throttle.Decision) bool {
-	return !m.reserve || d.Held || d.RetryAfter <= NewcomerWait
-}
-
-// sleep waits d inside the handler and reports true if d is at most MaxWait and ends
-// before ctx's deadline (with 100ms to spare for the decision and the handler's start).
-// It reports false at once otherwise, and when ctx ends while it waits.
-func (m *middleware) sleep(ctx context.Context, d time.Duration) bool {
-	if m.maxWait < 0 || d > m.maxWait {
-		return false
-	}
-	if dl, ok := ctx.Deadline(); ok && m.now().Add(d+100*time.Millisecond).After(dl) {
-		return false
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
 // reservationID is the id under which a task holds its reservation: its asynq task id,
 // or, for a copy that replaced a task with no retry left, the first task's id (the copy
 // comes back for the reservation the original was given).
@@ -408,7 +473,7 @@ func (m *middleware) reject(ctx context.Context, key throttle.Key, rule Rule, er
 // checkSkew logs (at most once a minute) and counts a decision made by the server's clock
 // because the local one was off by more than the limiter's tolerance.
 func (m *middleware) checkSkew(key throttle.Key, d throttle.Decision) {
-	if m.metrics != nil {
+	if m.metrics != nil && !d.ServerTime.IsZero() { // a denial may be decided without reading it
 		m.metrics.ClockSkew.Set(d.Skew().Seconds())
 		if d.SkewFallback {
 			m.metrics.SkewFallbacks.WithLabelValues(key.TaskType).Inc()
