@@ -125,15 +125,15 @@ func TestRealMain_redisServer(t *testing.T) {
 	setRedisEnv(t, srv.Addr)
 	checkSmallRun(t, "Redis "+srv.Addr)
 
-	// The run deletes its queue: only the limiter's logs, which expire, and asynq's
-	// per-queue counters are left.
+	// The run deletes its queue: only the limiter's keys (logs, reservation sets, the
+	// sweeper's lock), which all expire, and asynq's per-queue counters are left.
 	keys, err := srv.Client().Keys(context.Background(), "*").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range keys {
 		switch {
-		case strings.HasPrefix(k, "throttle:{demo:call}:tenant:"):
+		case strings.HasPrefix(k, "throttle:{demo:call}:"):
 			if ttl := srv.Client().PTTL(context.Background(), k).Val(); ttl <= 0 {
 				t.Errorf("key %s has TTL %s, want > 0", k, ttl)
 			}
