@@ -18,6 +18,15 @@ import (
 // it costs each server two small Redis script calls per queue every 500ms.
 const DefaultDelayedTaskCheckInterval = 500 * time.Millisecond
 
+// DefaultTaskCheckInterval is the idle-poll interval WrapConfig sets when the Config
+// leaves TaskCheckInterval zero. asynq's own default is 1s, and an idle processor polls
+// every 0.5-1.5 x TaskCheckInterval: a task the forwarder has just moved back could so
+// start up to 1.5s after its wake instant, past its reserved slot (WakeLead covers a whole
+// second of retry rounding, the forwarder and 250ms), and a task late for its slot loses
+// it. At 100ms a task starts within 150ms; an idle server polls each queue 10 times a
+// second instead of once.
+const DefaultTaskCheckInterval = 100 * time.Millisecond
+
 // WrapConfig returns a copy of cfg set up for throttled tasks; the caller's own functions
 // still handle every other error:
 //
@@ -30,6 +39,7 @@ const DefaultDelayedTaskCheckInterval = 500 * time.Millisecond
 //   - ErrorHandler is not called for denials and deferrals; it is for everything else,
 //     ErrUnavailable included.
 //   - DelayedTaskCheckInterval defaults to DefaultDelayedTaskCheckInterval (500ms).
+//   - TaskCheckInterval defaults to DefaultTaskCheckInterval (100ms).
 func WrapConfig(cfg asynq.Config) asynq.Config {
 	cfg.IsFailure = IsFailureFunc(cfg.IsFailure)
 	cfg.RetryDelayFunc = RetryDelayFunc(cfg.RetryDelayFunc)
@@ -42,6 +52,9 @@ func WrapConfig(cfg asynq.Config) asynq.Config {
 	}
 	if cfg.DelayedTaskCheckInterval == 0 {
 		cfg.DelayedTaskCheckInterval = DefaultDelayedTaskCheckInterval
+	}
+	if cfg.TaskCheckInterval == 0 {
+		cfg.TaskCheckInterval = DefaultTaskCheckInterval
 	}
 	return cfg
 }

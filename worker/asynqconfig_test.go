@@ -133,6 +133,11 @@ func TestWrapConfig(t *testing.T) {
 	if d := worker.DefaultDelayedTaskCheckInterval; cfg.DelayedTaskCheckInterval != d || d <= 0 || d > time.Second {
 		t.Errorf("DelayedTaskCheckInterval = %s, want the default %s (in (0, 1s])", cfg.DelayedTaskCheckInterval, d)
 	}
+	// An idle processor polls every 0.5-1.5 x TaskCheckInterval: 100ms keeps a forwarded
+	// task within the wake lead's 250ms margin.
+	if cfg.TaskCheckInterval != 100*time.Millisecond {
+		t.Errorf("TaskCheckInterval = %s, want the default 100ms", cfg.TaskCheckInterval)
+	}
 	task := asynq.NewTask("api:call", nil)
 	for _, tc := range errorKinds {
 		handled = nil
@@ -153,9 +158,9 @@ func TestWrapConfig(t *testing.T) {
 		}
 	}
 
-	kept := worker.WrapConfig(asynq.Config{DelayedTaskCheckInterval: 100 * time.Millisecond})
-	if kept.DelayedTaskCheckInterval != 100*time.Millisecond {
-		t.Errorf("DelayedTaskCheckInterval set to 100ms became %s", kept.DelayedTaskCheckInterval)
+	kept := worker.WrapConfig(asynq.Config{DelayedTaskCheckInterval: 100 * time.Millisecond, TaskCheckInterval: 2 * time.Second})
+	if kept.DelayedTaskCheckInterval != 100*time.Millisecond || kept.TaskCheckInterval != 2*time.Second {
+		t.Errorf("DelayedTaskCheckInterval 100ms and TaskCheckInterval 2s became %s and %s", kept.DelayedTaskCheckInterval, kept.TaskCheckInterval)
 	}
 	if kept.ErrorHandler != nil {
 		t.Error("WrapConfig installed an ErrorHandler where the Config had none")
