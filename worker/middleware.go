@@ -369,7 +369,7 @@ func holderOf(h string) (queue, id string, ok bool) {
 // rule.MaxDelay, or past its asynq Deadline), or "" if it would not.
 func (m *middleware) overdue(ctx context.Context, rule Rule, d throttle.Decision) string {
 	if rule.MaxDelay > 0 && d.RetryAfter > rule.MaxDelay {
-		return fmt.Sprintf("throttled for %s, more than max-delay %s", d.RetryAfter, rule.MaxDelay)
+		return fmt.Sprintf("would wait %s for a slot, more than max-delay %s", d.RetryAfter, rule.MaxDelay)
 	}
 	start := m.now().Add(d.RetryAfter)
 	dl, ok := ctx.Deadline()
