@@ -531,7 +531,8 @@ local function c_room(log, s)
 end
 
 -- c_shift rewrites the <cum> of C's entries in cms (with scores in ss) by delta and adds
--- extra (a flat list of score, member) in the same ZADD. #cms <= K_RENUM + 1.
+-- extra (a flat list of score, member) in the same ZADD. #cms <= K_RENUM (c_insert,
+-- c_remove), so ZREM takes at most K_RENUM members and ZADD 2 * K_RENUM + 2 values.
 local function c_shift(log, cms, ss, delta, extra)
   if #cms > 0 then
     redis.call('ZREM', log.C, unpack(cms))
@@ -550,8 +551,10 @@ end
 local function c_insert(log, e, s, c)
   local cms, ss, base = {}, {}, 0
   if has_c(log) then
-    local after = redis.call('ZRANGEBYSCORE', log.C, '(' .. fmt(s), '+inf', 'WITHSCORES')
-    for i = 1, #after, 2 do -- at most K_RENUM
+    -- c_room said at most K_RENUM lie after s (read in this same atomic call), so the
+    -- LIMIT reads them all and bounds the ZREM and ZADD of c_shift.
+    local after = redis.call('ZRANGEBYSCORE', log.C, '(' .. fmt(s), '+inf', 'WITHSCORES', 'LIMIT', 0, K_RENUM)
+    for i = 1, #after, 2 do
       cms[#cms + 1], ss[#ss + 1] = after[i], after[i + 1]
     end
     local before = redis.call('ZREVRANGEBYSCORE', log.C, fmt(s), FLOOR, 'LIMIT', 0, 1)
@@ -568,26 +571,22 @@ local function c_insert(log, e, s, c)
 end
 
 -- c_remove takes the weighted L member e of cost c at s out of C; false (nothing written)
--- if more than K_RENUM entries would need a new <cum>.
+-- if more than K_RENUM entries would need a new <cum>. It reads the last K_RENUM + 1
+-- entries scored at or after s, newest first (members at one instant sort by their
+-- <cum>): e's entry is among them iff at most K_RENUM follow it, and those are the ones
+-- to rewrite; if the read stopped short of the LIMIT, e's entry is not in C.
 local function c_remove(log, e, s, c)
-  local here = redis.call('ZRANGEBYSCORE', log.C, fmt(s), fmt(s)) -- entries at one instant
+  local tail = redis.call('ZREVRANGEBYSCORE', log.C, '+inf', fmt(s), 'WITHSCORES', 'LIMIT', 0, K_RENUM + 1)
   local found, cms, ss = nil, {}, {}
-  for _, cm in ipairs(here) do
-    if found then
-      cms[#cms + 1], ss[#ss + 1] = cm, fmt(s)
-    elseif string.sub(cm, 18) == e then
-      found = cm
+  for i = 1, #tail, 2 do
+    if string.sub(tail[i], 18) == e then
+      found = tail[i]
+      break
     end
+    cms[#cms + 1], ss[#ss + 1] = tail[i], tail[i + 1]
   end
   if not found then
-    return true
-  end
-  local after = redis.call('ZRANGEBYSCORE', log.C, '(' .. fmt(s), '+inf', 'WITHSCORES', 'LIMIT', 0, K_RENUM + 1)
-  if #cms + #after / 2 > K_RENUM then
-    return false
-  end
-  for i = 1, #after, 2 do
-    cms[#cms + 1], ss[#ss + 1] = after[i], after[i + 1]
+    return #tail < 2 * (K_RENUM + 1)
   end
   redis.call('ZREM', log.C, found)
   c_shift(log, cms, ss, 1 - c, {})
@@ -608,7 +607,9 @@ end
 -- flush sends the ZADDs put queued (they must precede reads of L).
 local function flush(log)
   if #log.add > 0 then
-    redis.call('ZADD', log.L, unpack(log.add)) -- a few values per call
+    -- At most 3 entries: put runs at most three times on a log between flushes (this
+    -- event, or its claim, and a displaced reservation's move).
+    redis.call('ZADD', log.L, unpack(log.add))
     log.add = {}
   end
 end
@@ -656,7 +657,7 @@ local function finish(log, now, claim_timeout)
   elseif log.has_f then
     redis.call('ZREM', log.L, '#f')
   end
-  redis.call('ZADD', log.L, unpack(add))
+  redis.call('ZADD', log.L, unpack(add)) -- the queued entries (at most 3) and 2 sentinels
   log.add = {}
   redis.call('ZREMRANGEBYSCORE', log.L, FLOOR, floor)
   local ttl = math.max(log.hiw, now) - now + log.wmax

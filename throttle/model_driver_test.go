@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -486,12 +487,32 @@ func TestLimiter_AllowAt_matchesModel(t *testing.T) {
 	if *modelSeed != 0 {
 		seeds = []uint64{*modelSeed}
 	}
+	var mu sync.Mutex
+	total := map[string]int{}
 	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			t.Parallel()
-			runModel(t, seed, *modelSteps)
+			stats := runModel(t, seed, *modelSteps)
+			mu.Lock()
+			defer mu.Unlock()
+			for k, v := range stats {
+				total[k] += v
+			}
 		})
 	}
+	// Parallel subtests end after this function: the coverage is checked at cleanup.
+	t.Cleanup(func() {
+		t.Logf("cases over the seeds: %v", total)
+		if *modelSeed != 0 || t.Failed() {
+			return
+		}
+		for _, c := range []string{"admitted", "admittedAhead", "replay", "denied", "reserved", "heldNotDue",
+			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "fairSwap", "ghost", "candidate", "endSlot"} {
+			if total[c] == 0 {
+				t.Errorf("the fixed seeds never reach case %q: the model and the script are not compared there", c)
+			}
+		}
+	})
 }
 
 // runModel makes steps calls of seed on a fresh server and the model, and compares them.
