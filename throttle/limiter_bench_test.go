@@ -118,25 +118,9 @@ func benchStart(b *testing.B) *benchEnv {
 		}
 	}
 
-	version := "?"
-	if info, err := rdb.Info(ctx, "server").Result(); err == nil {
-		_, rest, _ := strings.Cut(info, "redis_version:")
-		version, _, _ = strings.Cut(rest, "\r\n")
-	}
-	pid, serverCPUs, err := redistest.ServerCPUs(ctx, rdb)
-	if err != nil {
-		serverCPUs = err.Error()
-	}
-	pinning := fmt.Sprintf("pinned to CPU %d by taskset", benchRedisCPU)
-	if unpinned != nil {
-		pinning = fmt.Sprintf("NOT pinned (%v)", unpinned)
-	}
-	clientCPUs, err := redistest.ProcessCPUs(0)
-	if err != nil {
-		clientCPUs = err.Error()
-	}
+	serverLine, clientCPUs := redistest.DescribePinning(ctx, rdb, benchRedisCPU, unpinned)
 	env.header = []string{
-		fmt.Sprintf("redis-server %s (pid %d) %s: may run on CPUs %s", version, pid, pinning, serverCPUs),
+		serverLine,
 		fmt.Sprintf("go client: %d callers, PoolSize %d, GOMAXPROCS %d, may run on CPUs %s (not pinned: it shares Redis's core)",
 			benchCallers, 2*benchCallers, runtime.GOMAXPROCS(0), clientCPUs),
 		"cpu_us/op: Redis CPU (INFO used_cpu_sys+used_cpu_user) per call; script_us: INFO commandstats usec per EVALSHA/EVAL (PING for ping)",

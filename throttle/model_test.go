@@ -2,7 +2,6 @@ package throttle_test
 
 import (
 	"cmp"
-	"fmt"
 	"math"
 	"net/url"
 	"slices"
@@ -433,31 +432,9 @@ type modelCall struct {
 	horizon                        int64
 }
 
-// modelDecision is what the model decides: every field of a Decision it determines.
-type modelDecision struct {
-	Allowed, Replay, Reserved, Held bool
-	Quota                           throttle.Quota
-	Count, Remaining                int
-	RetryAfter, Delay               time.Duration
-	At                              int64 // ms
-}
-
-func (d modelDecision) String() string {
-	s := "denied"
-	switch {
-	case d.Replay:
-		s = "replay"
-	case d.Allowed:
-		s = "admitted"
-	case d.Reserved:
-		s = "denied+reserved"
-	}
-	if d.Held {
-		s += "(held)"
-	}
-	return fmt.Sprintf("%s at=%d quota=%s count=%d remaining=%d retry=%dms delay=%dms",
-		s, d.At, d.Quota, d.Count, d.Remaining, d.RetryAfter.Milliseconds(), d.Delay.Milliseconds())
-}
+// modelDecision is what the model decides: every field of a Decision it determines, as
+// outcomeOf reads them from the script's.
+type modelDecision = outcome
 
 func modelDecisionOf(d throttle.Decision) modelDecision {
 	return modelDecision{Allowed: d.Allowed, Replay: d.Replay, Reserved: d.Reserved, Held: d.Held, Quota: d.Quota,

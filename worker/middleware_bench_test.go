@@ -141,25 +141,9 @@ func drainStart(b *testing.B) *drainEnv {
 	}
 	env := &drainEnv{ctx: ctx, rdb: rdb, rows: map[string][]*drainRow{}}
 
-	version := "?"
-	if info, err := rdb.Info(ctx, "server").Result(); err == nil {
-		_, rest, _ := strings.Cut(info, "redis_version:")
-		version, _, _ = strings.Cut(rest, "\r\n")
-	}
-	pid, serverCPUs, err := redistest.ServerCPUs(ctx, rdb)
-	if err != nil {
-		serverCPUs = err.Error()
-	}
-	pinning := fmt.Sprintf("pinned to CPU %d by taskset", drainRedisCPU)
-	if unpinned != nil {
-		pinning = fmt.Sprintf("NOT pinned (%v)", unpinned)
-	}
-	clientCPUs, err := redistest.ProcessCPUs(0)
-	if err != nil {
-		clientCPUs = err.Error()
-	}
+	serverLine, clientCPUs := redistest.DescribePinning(ctx, rdb, drainRedisCPU, unpinned)
 	env.header = []string{
-		fmt.Sprintf("redis-server %s (pid %d) %s: may run on CPUs %s", version, pid, pinning, serverCPUs),
+		serverLine,
 		fmt.Sprintf("go: one go-redis client (PoolSize %d) shared by asynq and the limiter, GOMAXPROCS %d, may run on CPUs %s (not pinned: it shares Redis's core)",
 			pool, runtime.GOMAXPROCS(0), clientCPUs),
 		fmt.Sprintf("each row: %d %s tasks of %d tenants enqueued, then an asynq server, Concurrency %d, no-op handler, timed from Start to the last handler run",

@@ -120,7 +120,7 @@ func (c *Cluster) waitUp(ctx context.Context, masters int) error {
 	}
 }
 
-// parseInfo splits the "field:value" lines of CLUSTER INFO.
+// parseInfo splits the "field:value" lines of CLUSTER INFO or INFO.
 func parseInfo(info string) map[string]string {
 	m := map[string]string{}
 	for _, line := range strings.Split(info, "\n") {

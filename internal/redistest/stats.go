@@ -254,3 +254,27 @@ func SlowlogDurations(ctx context.Context, rdb redis.Cmdable, names ...string) (
 	}
 	return durations, len(log), nil
 }
+
+// DescribePinning returns the two header lines a benchmark prints about where it ran:
+// the server's version, pid, pinning (to core cpu, or why not: unpinned, as
+// StartServerPinned returned it) and the cores it may run on; and the cores this process
+// may run on. A fact that cannot be read is replaced by the error that says why.
+func DescribePinning(ctx context.Context, rdb redis.Cmdable, cpu int, unpinned error) (server, clientCPUs string) {
+	version := "?"
+	if info, err := rdb.Info(ctx, "server").Result(); err == nil {
+		version = parseInfo(info)["redis_version"]
+	}
+	pid, serverCPUs, err := ServerCPUs(ctx, rdb)
+	if err != nil {
+		serverCPUs = err.Error()
+	}
+	pinning := fmt.Sprintf("pinned to CPU %d by taskset", cpu)
+	if unpinned != nil {
+		pinning = fmt.Sprintf("NOT pinned (%v)", unpinned)
+	}
+	clientCPUs, err = ProcessCPUs(0)
+	if err != nil {
+		clientCPUs = err.Error()
+	}
+	return fmt.Sprintf("redis-server %s (pid %d) %s: may run on CPUs %s", version, pid, pinning, serverCPUs), clientCPUs
+}
