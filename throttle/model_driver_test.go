@@ -136,6 +136,7 @@ type modelType struct {
 	name   string
 	quotas []throttle.Quota // nil: a new random set for every request, as while rules change
 	big    bool             // large limits and costs: long backlogs, the scan and renumber bounds
+	unit   bool             // every event of cost 1: the script's one-log path
 }
 
 // modelUnit is the generator's unit of time, in ms. Windows are 1-50 units and the clock
@@ -164,6 +165,8 @@ func newModelGen(seed uint64) *modelGen {
 		{name: "{mail}", quotas: []throttle.Quota{g.quota(throttle.ScopeTenant), g.quota(throttle.ScopeType)}},
 		{name: "report:pending:x", quotas: []throttle.Quota{g.quota(throttle.ScopeType), g.quota(throttle.ScopeTenant), g.quota(throttle.ScopeTenant)}},
 		{name: "}{", quotas: nil},
+		{name: "sms", unit: true, quotas: []throttle.Quota{g.quota(throttle.ScopeTenant)}},
+		{name: "sync", unit: true, quotas: []throttle.Quota{g.quota(throttle.ScopeType)}},
 		{name: "llm", big: true, quotas: []throttle.Quota{
 			{Scope: throttle.ScopeTenant, Limit: throttle.Limit{Events: 20 + g.rng.IntN(40), Window: msDuration((10 + g.rng.Int64N(20)) * modelUnit)}},
 			{Scope: throttle.ScopeType, Limit: throttle.Limit{Events: 80 + g.rng.IntN(100), Window: msDuration((5 + g.rng.Int64N(20)) * modelUnit)}}}},
@@ -260,9 +263,10 @@ func (g *modelGen) next(m *model) modelOp {
 		return modelOp{req: w.req, at: g.now, release: true, why: "release"}
 	}
 	typ := g.types[g.rng.IntN(len(g.types))]
-	if r := g.rng.IntN(100); (r < 3 || typ.big && r < 25) && typ.quotas != nil && slices.ContainsFunc(typ.quotas, func(q throttle.Quota) bool { return q.Scope == throttle.ScopeType }) {
+	if r := g.rng.IntN(100); typ.unit && r < 20 || (r < 3 || typ.big && r < 25) && typ.quotas != nil && slices.ContainsFunc(typ.quotas, func(q throttle.Quota) bool { return q.Scope == throttle.ScopeType }) {
 		// A backlog: one tenant's burst of tasks at once, then other tenants' few, all with
-		// reservations: what the fair share on a type-wide quota is for.
+		// reservations: what the fair share on a type-wide quota is for (and, on a tenant
+		// quota, a packed run of reservations).
 		tenants := g.rng.Perm(len(modelTenants))
 		n := 4 + g.rng.IntN(12)
 		if typ.big {
@@ -299,8 +303,8 @@ func (g *modelGen) next(m *model) modelOp {
 		g.now = max(g.now, st.entries[g.rng.IntN(len(st.entries))].score+quotas[0].Limit.Window.Milliseconds()-g.rng.Int64N(2))
 	}
 	req := throttle.Request{Key: key, Quotas: quotas, Cost: 1 + g.rng.IntN(min(most, 8)), Member: g.member()}
-	if g.rng.IntN(4) == 0 {
-		req.Cost = 0 // the default, 1
+	if g.rng.IntN(4) == 0 || typ.unit {
+		req.Cost = g.rng.IntN(2) // 0: the default, 1
 	}
 	switch g.rng.IntN(6) {
 	case 0, 1, 2:
@@ -507,7 +511,8 @@ func TestLimiter_AllowAt_matchesModel(t *testing.T) {
 			return
 		}
 		for _, c := range []string{"admitted", "admittedAhead", "replay", "denied", "reserved", "heldNotDue",
-			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "fairSwap", "ghost", "candidate", "endSlot"} {
+			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "fairSwap", "ghost", "candidate", "endSlot",
+			"oneLogReserved", "oneLogTypeReserved"} {
 			if total[c] == 0 {
 				t.Errorf("the fixed seeds never reach case %q: the model and the script are not compared there", c)
 			}
@@ -591,6 +596,10 @@ func countModelCase(stats map[string]int, op modelOp) {
 	inc("cost>1", op.req.Cost > 1)
 	inc("multiQuota", len(op.req.Quotas) > 1)
 	inc("deniedBy2nd+", !d.Allowed && d.Quota != op.req.Quotas[0])
+	// One quota, cost 1, a reservation token: the script's one-log path, or its hand-over.
+	oneLog := len(op.req.Quotas) == 1 && op.req.Cost <= 1 && op.req.Reservation != ""
+	inc("oneLogReserved", oneLog && d.Reserved && !d.Held)
+	inc("oneLogTypeReserved", oneLog && d.Reserved && !d.Held && op.req.Quotas[0].Scope == throttle.ScopeType)
 }
 
 // modelStep is one call of a fixed sequence, with, for the calls that matter, the decision

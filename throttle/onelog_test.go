@@ -1,0 +1,58 @@
+package throttle_test
+
+import (
+	"testing"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// TestLimiter_AllowAt_releasedSlotIsRefilled: on one tenant quota, cost 1 (the script's
+// one-log path), a reservation released ahead of its instant leaves a hole before the
+// log's end slot, and the next denial reserves it rather than the end slot. Rule
+// tenant=2/10s: A1, A2 run at 0; R1, R2 reserve 10000 and R3, R4 20000; R1 is released.
+func TestLimiter_AllowAt_releasedSlotIsRefilled(t *testing.T) {
+	t.Parallel()
+	tenant := msQuota(throttle.ScopeTenant, 2, 10_000)
+	q := []throttle.Quota{tenant}
+	reserved := func(retry, at int64) *modelDecision {
+		return &modelDecision{Reserved: true, Quota: tenant, Count: 2, Remaining: 0, RetryAfter: msDuration(retry), At: at}
+	}
+	checkSequence(t, []modelStep{
+		{at: 0, tenant: "A", quotas: q, token: "A1"},
+		{at: 0, tenant: "A", quotas: q, token: "A2", want: &modelDecision{Allowed: true, Quota: tenant, Count: 2, Remaining: 0, At: 0}},
+		{at: 1, tenant: "A", quotas: q, token: "R1", want: reserved(9_999, 1)},
+		{at: 1, tenant: "A", quotas: q, token: "R2", want: reserved(9_999, 1)},
+		{at: 1, tenant: "A", quotas: q, token: "R3", want: reserved(19_999, 1)},
+		{at: 1, tenant: "A", quotas: q, token: "R4", want: reserved(19_999, 1)},
+		{at: 2, tenant: "A", quotas: q, token: "R1", release: true},
+		// (0, 10000] now holds R2 only, and no window after 10000 holds two: N takes 10000.
+		{at: 5_000, tenant: "A", quotas: q, token: "N", want: reserved(5_000, 5_000)},
+		// Full again up to the end slot: 30000 (20000 + 10s), RetryAfter from 5001.
+		{at: 5_001, tenant: "A", quotas: q, token: "M", want: reserved(24_999, 5_001)},
+		// A denial without a token writes nothing and names the second slot at 30000.
+		{at: 5_002, tenant: "A", quotas: q, timeout: 3_000, want: &modelDecision{Quota: tenant, Count: 2, Remaining: 0,
+			RetryAfter: msDuration(24_998), At: 5_002}},
+	})
+}
+
+// TestLimiter_AllowAt_holeNeedsExactCheck: a hole whose own window has room can still be
+// refused by a window after it that an entry ahead fills; the exact check decides (the
+// one-log path hands it over). Tenant A's log: A1 at 0, A2 at 9000, and R at 15001,
+// where a type quota of 1/15s (B's X at 1) put it. N, under the tenant quota 2/10s
+// alone, finds room in (0, 10000] but (5001, 15001] would hold A2, N and R: it reserves
+// the end slot, 19000 (A2 + 10s).
+func TestLimiter_AllowAt_holeNeedsExactCheck(t *testing.T) {
+	t.Parallel()
+	tenant := msQuota(throttle.ScopeTenant, 2, 10_000)
+	typ := msQuota(throttle.ScopeType, 1, 15_000)
+	q := []throttle.Quota{tenant}
+	checkSequence(t, []modelStep{
+		{at: 0, tenant: "A", quotas: q, token: "A1"},
+		{at: 1, tenant: "B", quotas: []throttle.Quota{typ}, token: "X"},
+		{at: 9_000, tenant: "A", quotas: q, token: "A2", want: &modelDecision{Allowed: true, Quota: tenant, Count: 2, Remaining: 0, At: 9_000}},
+		{at: 9_001, tenant: "A", quotas: []throttle.Quota{tenant, typ}, token: "R", want: &modelDecision{Reserved: true, Quota: tenant,
+			Count: 2, Remaining: 0, RetryAfter: msDuration(6_000), At: 9_001}},
+		{at: 9_002, tenant: "A", quotas: q, token: "N", want: &modelDecision{Reserved: true, Quota: tenant, Count: 2, Remaining: 0,
+			RetryAfter: msDuration(9_998), At: 9_002}},
+	})
+}
