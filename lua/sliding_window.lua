@@ -112,7 +112,11 @@ repeat
     -- bounds go to Redis as the strings the caller computed (the sentinel at now, now -
     -- window), unless the log's high-water instant is later than the caller's now.
     local key, limit, w = KEYS[1], tonumber(ARGV[6]), tonumber(ARGV[7])
-    local hs = redis.call('ZSCORE', key, '#')
+    local r = redis.call('ZMSCORE', key, '#', ARGV[2]) -- the sentinel, and a replay
+    if r[2] then
+      break -- a replay
+    end
+    local hs = r[1]
     local sent, now = 0, caller
     if hs then
       local x = hs + BASE
@@ -131,9 +135,6 @@ repeat
     local old = redis.call('ZCOUNT', key, FLOOR, lower)
     local lo = redis.call('ZCARD', key) - sent - old
     if lo >= limit then
-      if redis.call('ZSCORE', key, ARGV[2]) then
-        break -- a replay
-      end
       -- The k-th entry of the window, k = lo + 1 - limit: the first unless a limit was lowered
       -- (strings, not numbers, for Redis to parse: Redis 7.0 formats a Lua number with %.17g).
       local e
@@ -162,23 +163,33 @@ repeat
   end
   local m, nq = #KEYS, (#ARGV - 6) / 3
   local qlogs = ARGV[#ARGV]
-  local lj, lim, win, wmax = {}, {}, {}, {}
+  local lj, lim, win, wi = {}, {}, {}, {} -- wi[j]: the quota with log j's longest window
   for i = 1, nq do
     local j, w = string.byte(qlogs, i) - 48, tonumber(ARGV[4 + 3 * i])
     lj[i], lim[i], win[i] = j, tonumber(ARGV[3 + 3 * i]), w
-    if (wmax[j] or 0) < w then
-      wmax[j] = w
+    if not wi[j] or win[wi[j]] < w then
+      wi[j] = i
     end
   end
   local rl = 1 -- the replay check's log: the longest window
   for j = 2, m do
-    if wmax[j] > wmax[rl] then
+    if win[wi[j]] > win[wi[rl]] then
       rl = j
     end
   end
   local now, sent, plain = caller, {}, true
   for j = 1, m do
-    local hs = redis.call('ZSCORE', KEYS[j], '#')
+    local hs
+    if j == rl then
+      local r = redis.call('ZMSCORE', KEYS[j], '#', ARGV[2]) -- the sentinel, and a replay
+      if r[2] then
+        plain = false
+        break
+      end
+      hs = r[1]
+    else
+      hs = redis.call('ZSCORE', KEYS[j], '#')
+    end
     sent[j] = 0
     if hs then
       local x = hs + BASE
@@ -193,20 +204,19 @@ repeat
     end
   end
   if not plain then
-    break
+    break -- a replay, or a log that is not plain
   end
-  local card, lo, old = {}, {}, {}
+  -- Nothing lies after now: a window's slots are the entries after its start.
+  local lo, lower = {}, {}
   local binding, t = nil, now
   for i = 1, nq do
     local j = lj[i]
-    if not card[j] then
-      card[j] = redis.call('ZCARD', KEYS[j]) - sent[j]
-    end
-    old[i] = redis.call('ZCOUNT', KEYS[j], FLOOR, now == caller and ARGV[5 + 3 * i] or now - win[i])
-    lo[i] = card[j] - old[i]
+    lower[i] = now == caller and ARGV[5 + 3 * i] or string.format('%d', now - win[i])
+    lo[i] = redis.call('ZCOUNT', KEYS[j], '(' .. lower[i], '+inf')
     if lo[i] >= lim[i] then
       binding = binding or i
-      local r = sent[j] + old[i] + lo[i] - lim[i] -- the k-th entry of the window, by rank
+      -- The k-th entry of the window, by rank, k = lo + 1 - limit.
+      local r = sent[j] + redis.call('ZCOUNT', KEYS[j], FLOOR, lower[i]) + lo[i] - lim[i]
       local e = redis.call('ZRANGE', KEYS[j], r, r, 'WITHSCORES')[2] + win[i]
       if e > t then
         t = e
@@ -214,8 +224,8 @@ repeat
     end
   end
   if binding then
-    if extra ~= '' or redis.call('ZSCORE', KEYS[rl], ARGV[2]) then
-      break -- to reserve or admit for later (extra), or a replay
+    if extra ~= '' then
+      break -- to reserve or admit for later
     end
     return {0, lo[binding], t - caller, now, binding}
   end
@@ -226,7 +236,7 @@ repeat
       break
     end
   end
-  local at = now == caller and ARGV[1] or now
+  local at = now == caller and ARGV[1] or string.format('%d', now)
   if redis.call('ZADD', KEYS[rl], 'NX', at, ARGV[2]) == 0 then
     break -- a replay (NX wrote nothing)
   end
@@ -236,15 +246,15 @@ repeat
       binding, left = i, lim[i] - lo[i] - 1
     end
   end
-  local sentinel = now == caller and ARGV[3] or 8 * now - BASE
+  local sentinel = now == caller and ARGV[3] or string.format('%d', 8 * now - BASE)
   for j = 1, m do
     if j == rl then
       redis.call('ZADD', KEYS[j], sentinel, '#')
     else
       redis.call('ZADD', KEYS[j], at, ARGV[2], sentinel, '#')
     end
-    redis.call('ZREMRANGEBYSCORE', KEYS[j], FLOOR, now - wmax[j])
-    redis.call('PEXPIRE', KEYS[j], wmax[j])
+    redis.call('ZREMRANGEBYSCORE', KEYS[j], FLOOR, lower[wi[j]])
+    redis.call('PEXPIRE', KEYS[j], ARGV[4 + 3 * wi[j]])
   end
   return {1, lo[binding] + 1, 0, now, binding, server_ms}
 until true
