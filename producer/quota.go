@@ -177,8 +177,11 @@ func (e *Enqueuer) EnqueueTask(ctx context.Context, task *asynq.Task, opts ...as
 // same id again within the window replays the first admission and takes no second
 // slot. A TaskID given to asynq.NewTask rather than in opts cannot be read from the task.
 //
-// Other errors: a Redis error (wrapped), never to be read as an admission.
+// Other errors: a nil task, or a Redis error (wrapped), never to be read as an admission.
 func (e *Enqueuer) Check(ctx context.Context, task *asynq.Task, opts ...asynq.Option) error {
+	if task == nil {
+		return errors.New("producer: enqueue a nil task")
+	}
 	qs := e.quotas[task.Type()]
 	if len(qs) == 0 {
 		return nil

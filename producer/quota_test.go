@@ -466,6 +466,9 @@ func TestEnqueuer_prefixAndNoQuotas(t *testing.T) {
 	if plain.TenantHeader() != producer.TenantHeader || plain.Quotas("api:call") != nil || plain.RedisKey("api:call", "acme", throttle.ScopeTenant) != "" {
 		t.Errorf("Enqueuer without quotas: header %q, quotas %v, key %q", plain.TenantHeader(), plain.Quotas("api:call"), plain.RedisKey("api:call", "acme", throttle.ScopeTenant))
 	}
+	if _, err := plain.EnqueueTask(context.Background(), nil); err == nil || err.Error() != "producer: enqueue a nil task" {
+		t.Errorf("EnqueueTask(nil) = %v, want producer: enqueue a nil task", err)
+	}
 	// No quota: Check sends nothing to the (unreachable) Redis.
 	if err := plain.Check(context.Background(), plain.NewTask("api:call", nil, "acme")); err != nil {
 		t.Errorf("Check without quotas = %v, want nil", err)
