@@ -2,7 +2,7 @@ package producer_test
 
 import (
 	"context"
-	"fmt"
+	"log"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
@@ -10,37 +10,17 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/producer"
 )
 
-func ExampleNewTask() {
-	task := producer.NewTask("email:send", []byte(`{"to":"ops@acme.example"}`), "acme", asynq.MaxRetry(5))
-	fmt.Println(task.Type(), task.Headers()[producer.TenantHeader])
-	tenant, ok := producer.Tenant(task)
-	fmt.Println(tenant, ok)
-	// Output:
-	// email:send acme
-	// acme true
-}
-
-func ExampleWithTenant() {
-	task := asynq.NewTaskWithHeaders("email:send", nil, map[string]string{"trace": "t1"})
-	tagged := producer.WithTenant(task, "globex")
-	fmt.Println(tagged.Headers())
-	_, ok := producer.Tenant(task)
-	fmt.Println("original tagged:", ok)
-	// Output:
-	// map[tenant:globex trace:t1]
-	// original tagged: false
-}
-
-// Enqueue needs a Redis server, so this example only compiles.
-func ExampleEnqueue() {
-	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+// The enqueue side, in your web server or job scheduler: each task carries its tenant in
+// a header (producer.TenantHeader) that survives retries, where the workers read it.
+func Example() {
+	rdb := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{"127.0.0.1:6379"}})
 	defer rdb.Close()
 	client := asynq.NewClientFromRedisClient(rdb)
-	info, err := producer.Enqueue(context.Background(), client, "api:call", []byte(`{}`), "acme",
-		asynq.Queue("critical"))
+
+	payload := []byte(`{"url":"https://api.example.com/v1/orders/42"}`)
+	info, err := producer.Enqueue(context.Background(), client, "api:call", payload, "acme", asynq.MaxRetry(10))
 	if err != nil {
-		fmt.Println(err)
-		return
+		log.Fatal(err)
 	}
-	fmt.Println("enqueued", info.ID)
+	log.Printf("enqueued task %s for tenant acme", info.ID)
 }

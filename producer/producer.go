@@ -6,6 +6,12 @@
 // the payload: it survives retries and re-queues, and handlers keep their own payload
 // format. Tasks built here are ordinary *asynq.Task values; enqueue them with any
 // *asynq.Client, or with Enqueue.
+//
+// An Enqueuer does the same with the tenant header of your choice (your workers'
+// THROTTLE_TENANT_HEADER) and, optionally, enqueue quotas: it refuses a task past its
+// tenant's quota (say 10,000 tasks per day) with a *QuotaError that carries the
+// retry-after, which a web handler turns into its own HTTP 429. Its counts are kept by a
+// throttle.Limiter under keys of their own, apart from the workers' execution quotas.
 package producer
 
 import (

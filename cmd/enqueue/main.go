@@ -1,6 +1,7 @@
 // Command enqueue enqueues asynq tasks for several tenants, interleaved (acme 1, globex 1,
 // initech 1, acme 2, ...), each tagged with its tenant by package producer, to try the
-// throttling worker (cmd/worker) against a burst of work.
+// throttling worker (cmd/worker) against a burst of work, and, with ENQUEUE_QUOTA, an
+// enqueue-side quota.
 //
 // Usage:
 //
@@ -9,15 +10,32 @@
 //
 // It reaches Redis through the same environment as the worker (package redisenv):
 // REDIS_ADDR (default 127.0.0.1:6379; a comma-separated list means Redis Cluster nodes, or
-// Sentinels with REDIS_MASTER_NAME), REDIS_MASTER_NAME, REDIS_PASSWORD, REDIS_DB.
+// Sentinels with REDIS_MASTER_NAME), REDIS_MASTER_NAME, REDIS_PASSWORD, REDIS_DB. It also
+// reads, as the worker does:
 //
-// A progress bar runs on stderr; then one line on stdout says what was enqueued:
+//	THROTTLE_TENANT_HEADER  the task header that names the tenant (default "tenant")
+//	THROTTLE_PREFIX         the limiter's key prefix (default "throttle"); enqueue quotas
+//	                        live under "<prefix>:enqueue:"
+//	ENQUEUE_QUOTA           if set, enqueue quotas for -type, e.g. "tenant=10000/24h"
+//	                        (producer.ParseQuotas): a task past them is refused, not
+//	                        enqueued, and the run goes on with the next
 //
-//	enqueued 60 tasks of type api:call to queue default: acme=20 globex=20 initech=20
+// A progress bar runs on stderr; then a report on stdout says what was enqueued and what
+// was refused, one line per tenant:
+//
+//	enqueued 50 of 60 tasks of type api:call to queue default; ENQUEUE_QUOTA "tenant=15/24h" refused 10, of 2 tenants
+//	  "acme": 15 enqueued, 5 refused; the first, task 16, by tenant=15/24h: retry after 23h59m59.98s
+//	  "globex": 15 enqueued, 5 refused; the first, task 16, by tenant=15/24h: retry after 23h59m59.98s
+//	  "initech": 20 enqueued
+//
+// Tenants with refused tasks come first, then the others, each in -tenants order. Tenant
+// strings are quoted (strconv.Quote) and cut to their first maxTenantBytes (64) bytes
+// ("...(N bytes)" follows a cut one), and a report shows at most maxTenantLines (20)
+// tenants, then "... and N more tenants".
 //
 // Exit status: 0 when every task was enqueued; 1 when an enqueue failed (it stops at the
-// first failure, prints it on stderr and "enqueued K of N ..." on stdout); 2 for bad flags
-// or environment.
+// first failure, prints it on stderr and the report on stdout); 2 for bad flags or
+// environment; 3 when ENQUEUE_QUOTA refused some tasks and every other was enqueued.
 package main
 
 import (
@@ -30,14 +48,18 @@ import (
 	"iter"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
+	"github.com/kelseyhightower/envconfig"
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
 	"github.com/asynq-throttle/asynq-throttle/producer"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
 // Exit statuses.
@@ -45,6 +67,7 @@ const (
 	exitOK      = 0
 	exitEnqueue = 1 // an enqueue failed
 	exitUsage   = 2 // bad flags or environment
+	exitRefused = 3 // ENQUEUE_QUOTA refused some tasks; every other was enqueued
 )
 
 func main() {
@@ -57,6 +80,11 @@ func main() {
 // run is the whole command: it parses args, reads Redis settings from the environment,
 // enqueues, reports on stdout and stderr, and returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runAt(ctx, args, stdout, stderr, nil)
+}
+
+// runAt is run with the enqueue quota's clock: now, or the local clock if nil.
+func runAt(ctx context.Context, args []string, stdout, stderr io.Writer, now func() time.Time) int {
 	cfg, err := parseFlags(args)
 	if errors.Is(err, flag.ErrHelp) {
 		printUsage(stdout)
@@ -66,6 +94,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "enqueue: %v\nRun 'enqueue -h' for usage.\n", err)
 		return exitUsage
 	}
+	env, err := loadEnv()
+	if err != nil {
+		fmt.Fprintf(stderr, "enqueue: %v\n", err)
+		return exitUsage
+	}
 	renv, err := redisenv.Load()
 	if err != nil {
 		fmt.Fprintf(stderr, "enqueue: %v\n", err)
@@ -73,7 +106,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	rdb := renv.NewClient()
 	defer rdb.Close()
-	client := asynq.NewClientFromRedisClient(rdb) // shares rdb; closing rdb is ours
+	ecfg := producer.EnqueuerConfig{TenantHeader: env.TenantHeader, Prefix: env.Prefix, Redis: rdb, NowFunc: now}
+	if len(env.Quota) > 0 {
+		ecfg.Quotas = map[string][]throttle.Quota{cfg.taskType: env.Quota}
+	}
+	// asynq's client shares rdb; closing rdb is ours.
+	enq, err := producer.NewEnqueuer(asynq.NewClientFromRedisClient(rdb), ecfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "enqueue: %v\n", err)
+		return exitUsage
+	}
 
 	bar := progressbar.NewOptions(cfg.total(),
 		progressbar.OptionSetWriter(stderr),
@@ -85,17 +127,75 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		progressbar.OptionThrottle(65*time.Millisecond),
 		progressbar.OptionOnCompletion(func() { fmt.Fprintln(stderr) }),
 	)
-	counts, err := enqueueAll(ctx, client, cfg, func() { _ = bar.Add(1) })
-	if err != nil {
-		if bar.IsStarted() {
-			_ = bar.Exit() // keeps the bar where it stopped; ends its line
-		}
-		fmt.Fprintf(stderr, "enqueue: %v\n", err)
-		fmt.Fprintln(stdout, summary(cfg, counts))
-		return exitEnqueue
+	tallies, err := enqueueAll(ctx, enq, cfg, func() { _ = bar.Add(1) })
+	if err != nil && bar.IsStarted() {
+		_ = bar.Exit() // keeps the bar where it stopped; ends its line
 	}
-	fmt.Fprintln(stdout, summary(cfg, counts))
+	if err != nil {
+		fmt.Fprintf(stderr, "enqueue: %v\n", err)
+	}
+	for _, line := range report(cfg, env.Quota, tallies) {
+		fmt.Fprintln(stdout, line)
+	}
+	switch {
+	case err != nil:
+		return exitEnqueue
+	case refusedTotal(tallies) > 0:
+		return exitRefused
+	}
 	return exitOK
+}
+
+// env is what the command reads from the environment besides the REDIS_* variables,
+// under the names cmd/worker reads them.
+type env struct {
+	TenantHeader string `envconfig:"THROTTLE_TENANT_HEADER" default:"tenant"`
+	Prefix       string `envconfig:"THROTTLE_PREFIX" default:"throttle"`
+	Quota        quotas `envconfig:"ENQUEUE_QUOTA"`
+}
+
+// loadEnv reads env. The error names the variable and quotes its text, as cmd/worker's.
+func loadEnv() (env, error) {
+	var e env
+	if err := envconfig.Process("", &e); err != nil {
+		return env{}, redisenv.EnvError(err)
+	}
+	switch {
+	case e.TenantHeader == "":
+		return env{}, errors.New(`THROTTLE_TENANT_HEADER="": must not be empty`)
+	case e.Prefix == "":
+		return env{}, errors.New(`THROTTLE_PREFIX="": must not be empty`)
+	case strings.ContainsAny(e.Prefix, "{}"):
+		return env{}, fmt.Errorf("THROTTLE_PREFIX=%q: must not contain '{' or '}': they would move the Redis Cluster hash tag", e.Prefix)
+	}
+	return e, nil
+}
+
+// quotas are the enqueue quotas of ENQUEUE_QUOTA; empty means none.
+type quotas []throttle.Quota
+
+// Decode implements envconfig.Decoder with producer.ParseQuotas; blank text is no quota.
+func (q *quotas) Decode(s string) error {
+	if strings.TrimSpace(s) == "" {
+		*q = nil
+		return nil
+	}
+	qs, err := producer.ParseQuotas(s)
+	if err != nil {
+		// envconfig's error quotes s already.
+		return errors.New(strings.TrimPrefix(err.Error(), fmt.Sprintf("producer: quotas %q: ", s)))
+	}
+	*q = qs
+	return nil
+}
+
+// String formats q as ENQUEUE_QUOTA reads it: "tenant=100/1m tenant=10000/24h".
+func (q quotas) String() string {
+	parts := make([]string, len(q))
+	for i, x := range q {
+		parts[i] = x.String()
+	}
+	return strings.Join(parts, " ")
 }
 
 // config is what the flags ask for.
@@ -209,11 +309,24 @@ func printUsage(w io.Writer) {
 	fmt.Fprintf(w, `Usage: enqueue [flags]
 
 Enqueues -n tasks for each tenant, interleaved across tenants, each tagged with its
-tenant in the %q header. Redis comes from REDIS_ADDR (default 127.0.0.1:6379),
-REDIS_MASTER_NAME, REDIS_PASSWORD and REDIS_DB, as for the worker.
+tenant in a task header, then reports per tenant what was enqueued and refused.
+
+Environment:
+  REDIS_ADDR, REDIS_MASTER_NAME, REDIS_PASSWORD, REDIS_DB
+        the Redis, as for the worker (default 127.0.0.1:6379)
+  THROTTLE_TENANT_HEADER
+        the task header that names the tenant (default %q)
+  THROTTLE_PREFIX
+        the limiter's key prefix (default %q); enqueue quotas live under <prefix>:enqueue:
+  ENQUEUE_QUOTA
+        enqueue quotas for -type, e.g. "tenant=10000/24h" or "tenant=100/1m type=5000/1h":
+        a task past them is refused and not enqueued (default: none)
+
+Exit status: 0 all enqueued, 1 an enqueue failed, 2 bad flags or environment,
+3 ENQUEUE_QUOTA refused some tasks and every other was enqueued.
 
 Flags:
-`, producer.TenantHeader)
+`, producer.TenantHeader, throttle.DefaultPrefix)
 	fs.PrintDefaults()
 }
 
@@ -250,43 +363,129 @@ func defaultPayload(j job) []byte {
 	return b
 }
 
-// enqueueAll enqueues cfg's tasks with c in jobs order, calling onEnqueued after each
-// success. It stops at the first error (including ctx's) and returns it with the number
-// of tasks enqueued per tenant until then.
-func enqueueAll(ctx context.Context, c *asynq.Client, cfg config, onEnqueued func()) (map[string]int, error) {
-	counts := make(map[string]int, len(cfg.tenants))
+// tally is what happened to one tenant's tasks.
+type tally struct {
+	enqueued int
+	refused  int
+	first    *producer.QuotaError // the first refusal, nil if none
+	firstSeq int                  // the seq of the task it refused
+}
+
+// enqueueAll enqueues cfg's tasks with enq in jobs order, calling onDone after each task
+// enqueued or refused by an enqueue quota. A refused task is not enqueued, and the run
+// goes on. It stops at the first other error (including ctx's) and returns it with what
+// happened per tenant until then; every tenant of cfg has a tally.
+func enqueueAll(ctx context.Context, enq *producer.Enqueuer, cfg config, onDone func()) (map[string]*tally, error) {
+	tallies := make(map[string]*tally, len(cfg.tenants))
+	for _, t := range cfg.tenants {
+		tallies[t] = &tally{}
+	}
 	opts := cfg.options()
 	done := 0
 	for j := range jobs(cfg.tenants, cfg.perTenant) {
 		if err := ctx.Err(); err != nil {
-			return counts, fmt.Errorf("stopped before task %d of %d: %w", done+1, cfg.total(), err)
+			return tallies, fmt.Errorf("stopped before task %d of %d: %w", done+1, cfg.total(), err)
 		}
 		payload := cfg.payload
 		if payload == nil {
 			payload = defaultPayload(j)
 		}
-		if _, err := producer.Enqueue(ctx, c, cfg.taskType, payload, j.tenant, opts...); err != nil {
-			return counts, fmt.Errorf("task %d of %d: %w", done+1, cfg.total(), err)
+		t := tallies[j.tenant]
+		_, err := enq.Enqueue(ctx, cfg.taskType, payload, j.tenant, opts...)
+		var qe *producer.QuotaError
+		switch {
+		case errors.As(err, &qe):
+			if t.refused++; t.first == nil {
+				t.first, t.firstSeq = qe, j.seq
+			}
+		case err != nil:
+			return tallies, fmt.Errorf("task %d of %d: %w", done+1, cfg.total(), err)
+		default:
+			t.enqueued++
 		}
-		counts[j.tenant]++
 		done++
-		onEnqueued()
+		onDone()
 	}
-	return counts, nil
+	return tallies, nil
 }
 
-// summary is the line printed on stdout: "enqueued N tasks of type T to queue Q:
-// acme=20 ...", or "enqueued K of N tasks ..." when fewer than all were enqueued.
-func summary(cfg config, counts map[string]int) string {
-	done := 0
-	per := make([]string, len(cfg.tenants))
-	for i, t := range cfg.tenants {
-		done += counts[t]
-		per[i] = fmt.Sprintf("%s=%d", t, counts[t])
+// refusedTotal is the number of tasks refused, all tenants together.
+func refusedTotal(tallies map[string]*tally) int {
+	n := 0
+	for _, t := range tallies {
+		n += t.refused
 	}
-	n := fmt.Sprint(done)
-	if done != cfg.total() {
-		n = fmt.Sprintf("%d of %d", done, cfg.total())
+	return n
+}
+
+// Limits of the report's per-tenant lines.
+const (
+	maxTenantBytes = 64 // bytes of a tenant shown, cut at a UTF-8 boundary
+	maxTenantLines = 20 // tenant lines per report, then "... and N more tenants"
+)
+
+// report is what is printed on stdout: a line of totals, then one line per tenant, those
+// with refused tasks first, each group in cfg.tenants order, at most maxTenantLines of
+// them, then "... and N more tenants" if some are left out.
+func report(cfg config, qs quotas, tallies map[string]*tally) []string {
+	enqueued, refused, refusedTenants := 0, 0, 0
+	for _, t := range tallies {
+		enqueued += t.enqueued
+		refused += t.refused
+		if t.refused > 0 {
+			refusedTenants++
+		}
 	}
-	return fmt.Sprintf("enqueued %s tasks of type %s to queue %s: %s", n, cfg.taskType, cfg.queue, strings.Join(per, " "))
+	n := fmt.Sprint(enqueued)
+	if enqueued != cfg.total() {
+		n = fmt.Sprintf("%d of %d", enqueued, cfg.total())
+	}
+	totals := fmt.Sprintf("enqueued %s tasks of type %s to queue %s", n, cfg.taskType, cfg.queue)
+	if refused > 0 {
+		totals += fmt.Sprintf("; ENQUEUE_QUOTA %q refused %d, of %d %s", qs.String(), refused, refusedTenants, plural(refusedTenants, "tenant"))
+	}
+	lines := []string{totals}
+	var order []string
+	for _, withRefusals := range []bool{true, false} {
+		for _, tenant := range cfg.tenants {
+			if (tallies[tenant].refused > 0) == withRefusals {
+				order = append(order, tenant)
+			}
+		}
+	}
+	for i, tenant := range order {
+		if i == maxTenantLines {
+			more := len(order) - maxTenantLines
+			lines = append(lines, fmt.Sprintf("  ... and %d more %s", more, plural(more, "tenant")))
+			break
+		}
+		t := tallies[tenant]
+		line := fmt.Sprintf("  %s: %d enqueued", showTenant(tenant), t.enqueued)
+		if t.first != nil {
+			line += fmt.Sprintf(", %d refused; the first, task %d, by %s: retry after %s", t.refused, t.firstSeq, t.first.Quota, t.first.RetryAfter)
+		}
+		lines = append(lines, line)
+	}
+	return lines
+}
+
+// showTenant quotes tenant for one line of output (strconv.Quote: no newline or control
+// byte gets through), cut to its first maxTenantBytes bytes, at a UTF-8 boundary, with
+// "...(N bytes)" after a cut one.
+func showTenant(tenant string) string {
+	if len(tenant) <= maxTenantBytes {
+		return strconv.Quote(tenant)
+	}
+	cut := maxTenantBytes
+	for cut > 0 && !utf8.RuneStart(tenant[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s...(%d bytes)", strconv.Quote(tenant[:cut]), len(tenant))
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return word
+	}
+	return word + "s"
 }

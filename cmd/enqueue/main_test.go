@@ -9,14 +9,17 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/producer"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -116,32 +119,101 @@ func TestDefaultPayload(t *testing.T) {
 	}
 }
 
-func TestSummary(t *testing.T) {
+func TestReport(t *testing.T) {
 	t.Parallel()
 	cfg := config{taskType: "api:call", tenants: []string{"acme", "globex", "initech"}, perTenant: 20, queue: "default"}
+	day := throttle.Quota{Scope: throttle.ScopeTenant, Limit: throttle.Limit{Events: 15, Window: 24 * time.Hour}}
+	refusal := &producer.QuotaError{TaskType: "api:call", Quota: day, RetryAfter: 24 * time.Hour}
 	tests := []struct {
-		name   string
-		counts map[string]int
-		want   string
+		name    string
+		tallies map[string]*tally
+		want    []string
 	}{
 		{
-			name:   "All",
-			counts: map[string]int{"acme": 20, "globex": 20, "initech": 20},
-			want:   "enqueued 60 tasks of type api:call to queue default: acme=20 globex=20 initech=20",
+			name:    "All",
+			tallies: map[string]*tally{"acme": {enqueued: 20}, "globex": {enqueued: 20}, "initech": {enqueued: 20}},
+			want: []string{
+				"enqueued 60 tasks of type api:call to queue default",
+				`  "acme": 20 enqueued`, `  "globex": 20 enqueued`, `  "initech": 20 enqueued`,
+			},
 		},
 		{
-			name:   "Partial",
-			counts: map[string]int{"acme": 2, "globex": 1},
-			want:   "enqueued 3 of 60 tasks of type api:call to queue default: acme=2 globex=1 initech=0",
+			name:    "Partial",
+			tallies: map[string]*tally{"acme": {enqueued: 2}, "globex": {enqueued: 1}, "initech": {}},
+			want: []string{
+				"enqueued 3 of 60 tasks of type api:call to queue default",
+				`  "acme": 2 enqueued`, `  "globex": 1 enqueued`, `  "initech": 0 enqueued`,
+			},
+		},
+		{
+			name: "RefusedFirst",
+			tallies: map[string]*tally{"acme": {enqueued: 20}, "globex": {enqueued: 15, refused: 5, first: refusal, firstSeq: 16},
+				"initech": {enqueued: 19, refused: 1, first: refusal, firstSeq: 20}},
+			want: []string{
+				`enqueued 54 of 60 tasks of type api:call to queue default; ENQUEUE_QUOTA "tenant=15/24h" refused 6, of 2 tenants`,
+				`  "globex": 15 enqueued, 5 refused; the first, task 16, by tenant=15/24h: retry after 24h0m0s`,
+				`  "initech": 19 enqueued, 1 refused; the first, task 20, by tenant=15/24h: retry after 24h0m0s`,
+				`  "acme": 20 enqueued`,
+			},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			if got := summary(cfg, tc.counts); got != tc.want {
-				t.Errorf("summary = %q, want %q", got, tc.want)
+			if got := report(cfg, quotas{day}, tc.tallies); !slices.Equal(got, tc.want) {
+				t.Errorf("report =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
 			}
 		})
+	}
+}
+
+// A report shows at most maxTenantLines tenants, and says how many it left out.
+func TestReport_capsTenantLines(t *testing.T) {
+	t.Parallel()
+	cfg := config{taskType: "api:call", perTenant: 1, queue: "default"}
+	tallies := map[string]*tally{}
+	for i := range 5000 {
+		tenant := fmt.Sprintf("t%04d", i)
+		cfg.tenants = append(cfg.tenants, tenant)
+		tallies[tenant] = &tally{enqueued: 1}
+	}
+	got := report(cfg, nil, tallies)
+	if len(got) != 1+maxTenantLines+1 {
+		t.Fatalf("report has %d lines, want %d:\n%s", len(got), 1+maxTenantLines+1, strings.Join(got, "\n"))
+	}
+	if got[1] != `  "t0000": 1 enqueued` || got[maxTenantLines] != `  "t0019": 1 enqueued` {
+		t.Errorf("tenant lines run %q .. %q, want t0000 .. t0019", got[1], got[maxTenantLines])
+	}
+	if want := "  ... and 4980 more tenants"; got[len(got)-1] != want {
+		t.Errorf("last line = %q, want %q", got[len(got)-1], want)
+	}
+
+	cfg.tenants, tallies = cfg.tenants[:maxTenantLines+1], map[string]*tally{}
+	for _, tenant := range cfg.tenants {
+		tallies[tenant] = &tally{enqueued: 1}
+	}
+	if got := report(cfg, nil, tallies); got[len(got)-1] != "  ... and 1 more tenant" {
+		t.Errorf("last line = %q, want \"  ... and 1 more tenant\"", got[len(got)-1])
+	}
+}
+
+func TestShowTenant(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("a", 10000)
+	tests := []struct{ in, want string }{
+		{"acme", `"acme"`},
+		{"", `""`},
+		{"evil\ntenant=acme ran=999", `"evil\ntenant=acme ran=999"`},
+		{"caf\u00e9 \x00\x1b[31m", `"café \x00\x1b[31m"`},
+		{strings.Repeat("b", maxTenantBytes), strconv.Quote(strings.Repeat("b", maxTenantBytes))},
+		{long, strconv.Quote(long[:maxTenantBytes]) + "...(10000 bytes)"},
+		// 63 ASCII bytes and a 2-byte rune across the limit: cut before the rune.
+		{strings.Repeat("c", 63) + "\u00e9" + "tail", strconv.Quote(strings.Repeat("c", 63)) + "...(69 bytes)"},
+	}
+	for _, tc := range tests {
+		if got := showTenant(tc.in); got != tc.want {
+			t.Errorf("showTenant(%.20q) = %s, want %s", tc.in, got, tc.want)
+		}
 	}
 }
 
@@ -180,18 +252,40 @@ func pendingTasks(t *testing.T, ins *asynq.Inspector, queue string) []*asynq.Tas
 	return tasks
 }
 
-func TestEnqueueAll(t *testing.T) {
-	t.Parallel()
-	rdb := redistest.Start(t)
-	client := asynq.NewClientFromRedisClient(rdb)
-	cfg := config{taskType: "api:call", tenants: []string{"acme", "globex", "initech"}, perTenant: 4,
-		queue: "bulk", maxRetry: 3, retention: time.Minute}
-	calls := 0
-	counts, err := enqueueAll(context.Background(), client, cfg, func() { calls++ })
+// newEnqueuer returns an Enqueuer without quotas on rdb, failing t on error.
+func newEnqueuer(t *testing.T, rdb redis.UniversalClient) *producer.Enqueuer {
+	t.Helper()
+	enq, err := producer.NewEnqueuer(asynq.NewClientFromRedisClient(rdb), producer.EnqueuerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := map[string]int{"acme": 4, "globex": 4, "initech": 4}; !reflect.DeepEqual(counts, want) || calls != 12 {
+	return enq
+}
+
+// enqueuedCounts returns the enqueued count of each tenant's tally, failing t on a refusal.
+func enqueuedCounts(t *testing.T, tallies map[string]*tally) map[string]int {
+	t.Helper()
+	n := map[string]int{}
+	for tenant, tl := range tallies {
+		if tl.refused != 0 {
+			t.Errorf("tenant %q: %d refused, want none", tenant, tl.refused)
+		}
+		n[tenant] = tl.enqueued
+	}
+	return n
+}
+
+func TestEnqueueAll(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Start(t)
+	cfg := config{taskType: "api:call", tenants: []string{"acme", "globex", "initech"}, perTenant: 4,
+		queue: "bulk", maxRetry: 3, retention: time.Minute}
+	calls := 0
+	tallies, err := enqueueAll(context.Background(), newEnqueuer(t, rdb), cfg, func() { calls++ })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts, want := enqueuedCounts(t, tallies), map[string]int{"acme": 4, "globex": 4, "initech": 4}; !reflect.DeepEqual(counts, want) || calls != 12 {
 		t.Errorf("counts = %v after %d progress calls, want %v after 12", counts, calls, want)
 	}
 
@@ -221,13 +315,13 @@ func TestEnqueueAll(t *testing.T) {
 func TestEnqueueAll_stopsAtFirstError(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Start(t)
-	client := asynq.NewClientFromRedisClient(rdb)
+	enq := newEnqueuer(t, rdb)
 	cfg := config{taskType: "api:call", tenants: []string{"acme", "globex", "initech"}, perTenant: 5,
 		queue: "default", payload: []byte("same"), maxRetry: -1}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	calls := 0
-	counts, err := enqueueAll(ctx, client, cfg, func() {
+	tallies, err := enqueueAll(ctx, enq, cfg, func() {
 		if calls++; calls == 4 {
 			cancel() // the 5th enqueue fails
 		}
@@ -235,7 +329,7 @@ func TestEnqueueAll_stopsAtFirstError(t *testing.T) {
 	if !errors.Is(err, context.Canceled) || err.Error() != "stopped before task 5 of 15: context canceled" {
 		t.Fatalf("error = %v, want stopped before task 5 of 15: context canceled", err)
 	}
-	if want := map[string]int{"acme": 2, "globex": 1, "initech": 1}; !reflect.DeepEqual(counts, want) {
+	if counts, want := enqueuedCounts(t, tallies), map[string]int{"acme": 2, "globex": 1, "initech": 1}; !reflect.DeepEqual(counts, want) {
 		t.Errorf("counts = %v, want %v", counts, want)
 	}
 	tasks := pendingTasks(t, asynq.NewInspectorFromRedisClient(rdb), "default")
@@ -252,7 +346,7 @@ func TestEnqueueAll_stopsAtFirstError(t *testing.T) {
 // setRedisEnv points the Redis variables at addr for this test (so no t.Parallel).
 func setRedisEnv(t *testing.T, addr string) {
 	t.Helper()
-	for _, k := range []string{"REDIS_MASTER_NAME", "REDIS_PASSWORD", "REDIS_DB"} {
+	for _, k := range []string{"REDIS_MASTER_NAME", "REDIS_PASSWORD", "REDIS_DB", "THROTTLE_TENANT_HEADER", "THROTTLE_PREFIX", "ENQUEUE_QUOTA"} {
 		t.Setenv(k, "")
 		if err := os.Unsetenv(k); err != nil {
 			t.Fatal(err)
@@ -269,7 +363,7 @@ func TestRun(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d, want 0; stderr:\n%s", code, stderr.String())
 	}
-	if got, want := stdout.String(), "enqueued 6 tasks of type api:call to queue critical: acme=3 globex=3\n"; got != want {
+	if got, want := stdout.String(), "enqueued 6 tasks of type api:call to queue critical\n  \"acme\": 3 enqueued\n  \"globex\": 3 enqueued\n"; got != want {
 		t.Errorf("stdout = %q, want %q", got, want)
 	}
 	if !strings.Contains(stderr.String(), "(6/6") {
@@ -294,7 +388,7 @@ func TestRun_redisDown(t *testing.T) {
 	if code != exitEnqueue {
 		t.Fatalf("exit %d, want 1; stderr:\n%s", code, stderr.String())
 	}
-	if got, want := stdout.String(), "enqueued 0 of 2 tasks of type api:call to queue default: acme=0\n"; got != want {
+	if got, want := stdout.String(), "enqueued 0 of 2 tasks of type api:call to queue default\n  \"acme\": 0 enqueued\n"; got != want {
 		t.Errorf("stdout = %q, want %q", got, want)
 	}
 	// No bar was drawn before the first enqueue failed, so the error is stderr's first line.
@@ -307,6 +401,7 @@ func TestRun_usageErrors(t *testing.T) {
 	tests := []struct {
 		name       string
 		addr       string
+		env        map[string]string
 		args       []string
 		wantCode   int
 		wantStderr string
@@ -319,10 +414,33 @@ func TestRun_usageErrors(t *testing.T) {
 			name: "BadRedisAddr", addr: "localhost", wantCode: exitUsage,
 			wantStderr: "enqueue: redisenv: REDIS_ADDR=\"localhost\": \"localhost\" is not host:port: missing port in address\n",
 		},
+		{
+			name: "QuotaWithoutWindow", addr: "127.0.0.1:6379", env: map[string]string{"ENQUEUE_QUOTA": "tenant=10000"}, wantCode: exitUsage,
+			wantStderr: "enqueue: ENQUEUE_QUOTA=\"tenant=10000\": \"tenant=10000\": throttle: limit \"10000\": want events/window, e.g. 5/2s\n",
+		},
+		{
+			name: "QuotaUnknownScope", addr: "127.0.0.1:6379", env: map[string]string{"ENQUEUE_QUOTA": "tenant=5/1h queue=9/1h"}, wantCode: exitUsage,
+			wantStderr: "enqueue: ENQUEUE_QUOTA=\"tenant=5/1h queue=9/1h\": \"queue=9/1h\": unknown scope \"queue\"; want tenant or type\n",
+		},
+		{
+			name: "QuotaSameWindowTwice", addr: "127.0.0.1:6379", env: map[string]string{"ENQUEUE_QUOTA": "tenant=5/24h tenant=9/24h"}, wantCode: exitUsage,
+			wantStderr: "enqueue: ENQUEUE_QUOTA=\"tenant=5/24h tenant=9/24h\": tenant=5/24h and tenant=9/24h have the same scope and window; keep one\n",
+		},
+		{
+			name: "EmptyTenantHeader", addr: "127.0.0.1:6379", env: map[string]string{"THROTTLE_TENANT_HEADER": ""}, wantCode: exitUsage,
+			wantStderr: "enqueue: THROTTLE_TENANT_HEADER=\"\": must not be empty\n",
+		},
+		{
+			name: "PrefixWithBrace", addr: "127.0.0.1:6379", env: map[string]string{"THROTTLE_PREFIX": "a{b"}, wantCode: exitUsage,
+			wantStderr: "enqueue: THROTTLE_PREFIX=\"a{b\": must not contain '{' or '}': they would move the Redis Cluster hash tag\n",
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			setRedisEnv(t, tc.addr)
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
 			var stdout, stderr bytes.Buffer
 			if code := run(context.Background(), tc.args, &stdout, &stderr); code != tc.wantCode {
 				t.Errorf("exit %d, want %d", code, tc.wantCode)
@@ -340,9 +458,95 @@ func TestRun_help(t *testing.T) {
 	if code := run(context.Background(), []string{"-h"}, &stdout, &stderr); code != exitOK {
 		t.Errorf("exit %d, want 0", code)
 	}
-	for _, want := range []string{"Usage: enqueue [flags]", "-tenants list", "-max-retry int", "REDIS_ADDR"} {
+	for _, want := range []string{"Usage: enqueue [flags]", "-tenants list", "-max-retry int", "REDIS_ADDR",
+		"THROTTLE_TENANT_HEADER", "THROTTLE_PREFIX", "ENQUEUE_QUOTA", "3 ENQUEUE_QUOTA refused some tasks"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("usage lacks %q:\n%s", want, stdout.String())
 		}
+	}
+}
+
+// pendingByHeader counts queue's pending tasks by the value of header ("<none>" without it).
+func pendingByHeader(t *testing.T, rdb redis.UniversalClient, queue, header string) map[string]int {
+	t.Helper()
+	n := map[string]int{}
+	for _, ti := range pendingTasks(t, asynq.NewInspectorFromRedisClient(rdb), queue) {
+		v, ok := ti.Headers[header]
+		if !ok {
+			v = "<none>"
+		}
+		n[v]++
+	}
+	return n
+}
+
+// THROTTLE_TENANT_HEADER names the header tasks are tagged with, as the worker reads it.
+func TestRun_tenantHeader(t *testing.T) {
+	srv := redistest.StartServer(t)
+	setRedisEnv(t, srv.Addr)
+	t.Setenv("THROTTLE_TENANT_HEADER", "x-org")
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"-tenants", "acme,globex", "-n", "2"}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("exit %d, want 0; stderr:\n%s", code, stderr.String())
+	}
+	if got, want := pendingByHeader(t, srv.Client(), "default", "x-org"), map[string]int{"acme": 2, "globex": 2}; !reflect.DeepEqual(got, want) {
+		t.Errorf("pending tasks by x-org = %v, want %v", got, want)
+	}
+	if got, want := pendingByHeader(t, srv.Client(), "default", producer.TenantHeader), map[string]int{"<none>": 4}; !reflect.DeepEqual(got, want) {
+		t.Errorf("pending tasks by %s = %v, want %v (no default header)", producer.TenantHeader, got, want)
+	}
+}
+
+// ENQUEUE_QUOTA refuses each tenant's tasks past its quota, reports them with their
+// exact retry-after, goes on with the other tenants, and exits 3.
+func TestRun_enqueueQuota(t *testing.T) {
+	srv := redistest.StartServer(t)
+	setRedisEnv(t, srv.Addr)
+	t.Setenv("ENQUEUE_QUOTA", "tenant=3/24h")
+	t.Setenv("THROTTLE_TENANT_HEADER", "x-org")
+	t.Setenv("THROTTLE_PREFIX", "myapp")
+	t0 := time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
+	now := t0
+	clock := func() time.Time { return now }
+
+	var stdout, stderr bytes.Buffer
+	code := runAt(context.Background(), []string{"-tenants", "acme,globex,initech", "-n", "5"}, &stdout, &stderr, clock)
+	if code != exitRefused {
+		t.Fatalf("exit %d, want %d; stderr:\n%s", code, exitRefused, stderr.String())
+	}
+	want := `enqueued 9 of 15 tasks of type api:call to queue default; ENQUEUE_QUOTA "tenant=3/24h" refused 6, of 3 tenants
+  "acme": 3 enqueued, 2 refused; the first, task 4, by tenant=3/24h: retry after 24h0m0s
+  "globex": 3 enqueued, 2 refused; the first, task 4, by tenant=3/24h: retry after 24h0m0s
+  "initech": 3 enqueued, 2 refused; the first, task 4, by tenant=3/24h: retry after 24h0m0s
+`
+	if stdout.String() != want {
+		t.Errorf("stdout =\n%s\nwant\n%s", stdout.String(), want)
+	}
+	if !strings.Contains(stderr.String(), "(15/15") {
+		t.Errorf("stderr has no finished progress bar:\n%q", stderr.String())
+	}
+	if got, want := pendingByHeader(t, srv.Client(), "default", "x-org"), map[string]int{"acme": 3, "globex": 3, "initech": 3}; !reflect.DeepEqual(got, want) {
+		t.Errorf("pending tasks by x-org = %v, want %v", got, want)
+	}
+	keys, err := srv.Client().Keys(context.Background(), "myapp*").Result()
+	slices.Sort(keys)
+	if want := []string{"myapp:enqueue:{api:call}:tenant:acme", "myapp:enqueue:{api:call}:tenant:globex", "myapp:enqueue:{api:call}:tenant:initech"}; err != nil || !slices.Equal(keys, want) {
+		t.Errorf("keys = %q, %v; want %q", keys, err, want)
+	}
+
+	// An hour later globex still waits, 23h now; zeta, a new tenant, has room.
+	now = t0.Add(time.Hour)
+	stdout.Reset()
+	stderr.Reset()
+	code = runAt(context.Background(), []string{"-tenants", "globex,zeta", "-n", "1"}, &stdout, &stderr, clock)
+	if code != exitRefused {
+		t.Fatalf("second run: exit %d, want %d; stderr:\n%s", code, exitRefused, stderr.String())
+	}
+	want = `enqueued 1 of 2 tasks of type api:call to queue default; ENQUEUE_QUOTA "tenant=3/24h" refused 1, of 1 tenant
+  "globex": 0 enqueued, 1 refused; the first, task 1, by tenant=3/24h: retry after 23h0m0s
+  "zeta": 1 enqueued
+`
+	if stdout.String() != want {
+		t.Errorf("second run: stdout =\n%s\nwant\n%s", stdout.String(), want)
 	}
 }

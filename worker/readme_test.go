@@ -1,0 +1,13 @@
+package worker_test
+
+import (
+	"testing"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/doctest"
+)
+
+// README.md's "Use it in your code" shows the server side as example_test.go has it.
+func TestREADMEShowsExample(t *testing.T) {
+	t.Parallel()
+	doctest.ShowsFile(t, "../README.md", "example_test.go")
+}
