@@ -259,10 +259,23 @@ func (m *Metrics) waiting(taskType string, delta float64) {
 	}
 }
 
-// watchReservations makes asynq_throttle_reservations_held report the reservations that
-// lim holds for taskTypes; m may be nil.
-func (m *Metrics) watchReservations(lim *throttle.Limiter, taskTypes []string) {
-	if m != nil {
+// throttles sets up the series of taskTypes, which a middleware on lim throttles: the
+// gauge of tasks waiting and the Redis error counters start at 0, so that dashboards and
+// alerts see them before the first event, and, with reservations, makes
+// asynq_throttle_reservations_held report those that lim holds for them. m may be nil.
+func (m *Metrics) throttles(lim *throttle.Limiter, taskTypes []string, reservations bool) {
+	if m == nil {
+		return
+	}
+	for _, tt := range taskTypes {
+		m.TasksWaiting.WithLabelValues(tt)
+		m.RedisErrors.WithLabelValues(tt, CallAllow)
+		m.RedisErrors.WithLabelValues(tt, CallCancel)
+		if reservations {
+			m.RedisErrors.WithLabelValues(tt, CallReservations)
+		}
+	}
+	if reservations {
 		m.reservations.watch(lim, taskTypes)
 	}
 }

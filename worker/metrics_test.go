@@ -94,28 +94,34 @@ func TestMetrics(t *testing.T) {
 	if got := toFloat64(t, metrics.ClockSkew); got <= -1 || got >= 1 {
 		t.Errorf("clock skew = %gs, want |skew| < 1s", got)
 	}
-	// Three limiter calls, one per task. With 1 task a minute the denied task was given
-	// the next slot, up to 1m ahead (its reservation's instant), and the deferred task the
-	// one after, 1m later.
+	// Three limiter calls, one per task. With 1 task a minute the second and third tasks
+	// (in the order they were decided) were given the next slots, up to 1m and up to 2m
+	// ahead (their reservations' instants).
 	if h := histogram(t, reg, "asynq_throttle_script_duration_seconds", map[string]string{"task_type": "m:call", "call": worker.CallAllow}); h.GetSampleCount() != 3 {
 		t.Errorf("script duration: %d calls observed, want 3", h.GetSampleCount())
 	}
-	denied := histogram(t, reg, "asynq_throttle_delay_seconds", map[string]string{"task_type": "m:call", "outcome": worker.OutcomeDenied})
-	if denied.GetSampleCount() != 1 || bucket(t, denied, 30) != 0 || bucket(t, denied, 60) != 1 {
-		t.Errorf("delay of the denied task: %d observed, %d within 30s, %d within 60s (sum %gs); want 1, 0, 1",
-			denied.GetSampleCount(), bucket(t, denied, 30), bucket(t, denied, 60), denied.GetSampleSum())
+	var count, within30, within60, within300 uint64
+	for _, outcome := range []string{worker.OutcomeDenied, worker.OutcomeDeferred} {
+		h := histogram(t, reg, "asynq_throttle_delay_seconds", map[string]string{"task_type": "m:call", "outcome": outcome})
+		if h.GetSampleCount() != 1 {
+			t.Errorf("delays of %s tasks: %d observed, want 1", outcome, h.GetSampleCount())
+		}
+		count, within30, within60, within300 = count+h.GetSampleCount(), within30+bucket(t, h, 30), within60+bucket(t, h, 60), within300+bucket(t, h, 300)
 	}
-	deferred := histogram(t, reg, "asynq_throttle_delay_seconds", map[string]string{"task_type": "m:call", "outcome": worker.OutcomeDeferred})
-	if deferred.GetSampleCount() != 1 || bucket(t, deferred, 60) != 0 || bucket(t, deferred, 300) != 1 {
-		t.Errorf("delay of the deferred task: %d observed, %d within 60s, %d within 300s (sum %gs); want 1, 0, 1",
-			deferred.GetSampleCount(), bucket(t, deferred, 60), bucket(t, deferred, 300), deferred.GetSampleSum())
+	if count != 2 || within30 != 0 || within60 != 1 || within300 != 2 {
+		t.Errorf("delays: %d observed, %d within 30s, %d within 60s, %d within 300s; want 2, 0, 1, 2", count, within30, within60, within300)
 	}
 	// Both held back tasks hold a reservation (the copy keeps the third task's).
 	if got := gauge(t, reg, "asynq_throttle_reservations_held", map[string]string{"task_type": "m:call"}); got != 2 {
 		t.Errorf("reservations held = %g, want 2", got)
 	}
-	if f := family(t, reg, "asynq_throttle_redis_errors_total"); f != nil {
-		t.Errorf("redis errors counted: %v", f.GetMetric())
+	for _, call := range []string{worker.CallAllow, worker.CallCancel, worker.CallReservations} {
+		if got := counter(t, reg, "asynq_throttle_redis_errors_total", map[string]string{"task_type": "m:call", "call": call}); got != 0 {
+			t.Errorf("redis errors of %s = %g, want 0", call, got)
+		}
+	}
+	if got := gauge(t, reg, "asynq_throttle_tasks_waiting", map[string]string{"task_type": "m:call"}); got != 0 {
+		t.Errorf("tasks waiting = %g, want 0", got)
 	}
 }
 

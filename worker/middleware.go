@@ -239,9 +239,7 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 	if err := m.startSweep(cfg); err != nil {
 		return nil, err
 	}
-	if m.reserve {
-		m.metrics.watchReservations(lim, slices.Sorted(maps.Keys(m.rules)))
-	}
+	m.metrics.throttles(lim, slices.Sorted(maps.Keys(m.rules)), m.reserve)
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 			return m.process(ctx, task, next)
