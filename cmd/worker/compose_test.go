@@ -54,8 +54,8 @@ var goService = regexp.MustCompile(`^go build -o (\S+) \./cmd/([a-z0-9_-]+) && e
 // TestDockerCompose checks docker-compose.yml without Docker: the four services (Redis,
 // the worker with metrics, Prometheus scraping it, the one-shot enqueue) exist; each Go
 // service builds a real command (a main package under cmd/) with a Go image as new as
-// go.mod, and execs what it built; the built command accepts the service's flags (run
-// with them and -h, it exits 0); each variable is one the command reads (it lists it in
+// go.mod, and execs what it built; the command accepts the service's flags (run with
+// them and -h, it exits 0); each variable is one the command reads (it lists it in
 // -h; GO* variables are the go command's) with a value it accepts; Redis starts with the
 // service's arguments; and prometheus.yml scrapes the worker's METRICS_ADDR port.
 func TestDockerCompose(t *testing.T) {
@@ -183,7 +183,7 @@ func checkGoService(t *testing.T, name string, svc composeService, goEnv map[str
 		t.Errorf("image %q, want %q (go.mod's go version)", svc.Image, want)
 	}
 
-	// Build the command as the service does, with the service's GO* variables.
+	// Run the command as the service does: its GO* variables are the go command's.
 	var goVars, vars []string
 	for k, v := range svc.Environment {
 		if strings.HasPrefix(k, "GO") {
@@ -195,24 +195,10 @@ func checkGoService(t *testing.T, name string, svc composeService, goEnv map[str
 			vars = append(vars, k)
 		}
 	}
-	path := filepath.Join(t.TempDir(), cmdName)
-	build := exec.Command("go", "build", "-o", path, "./cmd/"+cmdName)
-	build.Dir = moduleRoot
-	build.Env = append(os.Environ(), goVars...)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/%s with %q: %v\n%s", cmdName, goVars, err, out)
-	}
-	// Its flags: the service's arguments, then -h, which the flag package reaches only if
-	// every argument before it is a flag the command defines, with a valid value.
-	help := exec.Command(path, append(slices.Clone(svc.Command), "-h")...)
-	help.Env = []string{"PATH=" + os.Getenv("PATH")}
-	out, err := help.CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %q -h: %v (the flags are not all the command's)\n%s", cmdName, svc.Command, err, out)
-	}
+	out := commandHelp(t, cmdName, svc.Command, goVars)
 	// Its variables: each one listed in its -h, with a value the command accepts.
 	for _, k := range vars {
-		if !regexp.MustCompile(`\b` + k + `\b`).Match(out) {
+		if !regexp.MustCompile(`\b` + k + `\b`).MatchString(out) {
 			t.Errorf("variable %s: %s -h does not mention it, so it does not read it", k, cmdName)
 		}
 	}
@@ -235,6 +221,42 @@ func checkGoService(t *testing.T, name string, svc composeService, goEnv map[str
 			t.Errorf("METRICS_ADDR is not set: Prometheus has nothing to scrape")
 		}
 	}
+}
+
+// commandHelp runs cmd/<name> with args and then -h, which the flag package reaches only
+// if every argument before it is a flag the command defines, with a valid value, and
+// returns what it printed. The worker runs in this process (run); other commands are
+// built as the service builds them, with its GO* variables goVars (and -race if this test
+// has it, so that the build reuses the packages compiled for the test).
+func commandHelp(t *testing.T, name string, args, goVars []string) string {
+	t.Helper()
+	args = append(slices.Clone(args), "-h")
+	if name == "worker" {
+		clearEnv(t)
+		var stdout, stderr bytes.Buffer
+		if code := run(t.Context(), args, &stdout, &stderr); code != exitOK {
+			t.Fatalf("worker %q: exit status %d (the flags are not all the command's)\n%s%s", args, code, &stdout, &stderr)
+		}
+		return stdout.String() + stderr.String()
+	}
+	path := filepath.Join(t.TempDir(), name)
+	buildArgs := []string{"build", "-o", path}
+	if raceEnabled {
+		buildArgs = append(buildArgs, "-race")
+	}
+	build := exec.Command("go", append(buildArgs, "./cmd/"+name)...)
+	build.Dir = moduleRoot
+	build.Env = append(os.Environ(), goVars...)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/%s with %q: %v\n%s", name, goVars, err, out)
+	}
+	help := exec.Command(path, args...)
+	help.Env = []string{"PATH=" + os.Getenv("PATH")}
+	out, err := help.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %q: %v (the flags are not all the command's)\n%s", name, args, err, out)
+	}
+	return string(out)
 }
 
 // checkPrometheus checks the prometheus service and prometheus.yml: it scrapes the worker
