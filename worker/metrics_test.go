@@ -323,3 +323,49 @@ func TestNewMetrics_twice(t *testing.T) {
 		t.Errorf("NewMetrics on a second registry: %v", err)
 	}
 }
+
+// TestMetrics_overdueCancel runs two tasks of one tenant against "o:call tenant=1/1m
+// max-delay=1s overdue=drop": the second would wait a minute, so it is dropped and gives
+// up the reservation its decision made. That is two allow calls and one cancel, and no
+// reservation is left.
+func TestMetrics_overdueCancel(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Start(t)
+	reg := prometheus.NewRegistry()
+	metrics, err := worker.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := worker.New(newLimiter(t, rdb), worker.Config{Rules: mustRules(t, "o:call tenant=1/1m max-delay=1s overdue=drop"),
+		Redis: rdb, Metrics: metrics, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int32
+	runAsynq(t, rdb, mw, func(context.Context, *asynq.Task) error { ran.Add(1); return nil }, nil)
+	client := asynq.NewClientFromRedisClient(rdb)
+	for i := range 2 {
+		if _, err := client.Enqueue(producer.NewTask("o:call", nil, "acme")); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, 10*time.Second, "the task was decided", func() bool {
+			got := outcomes(t, metrics, "o:call")
+			return got[worker.OutcomeAdmitted]+got[worker.OutcomeOverdue] == float64(i+1)
+		})
+	}
+	want := wantOutcomes(map[string]float64{worker.OutcomeAdmitted: 1, worker.OutcomeOverdue: 1})
+	if got := outcomes(t, metrics, "o:call"); !reflect.DeepEqual(got, want) {
+		t.Errorf("outcomes: %s, want %s", fmtOutcomes(got), fmtOutcomes(want))
+	}
+	for call, want := range map[string]uint64{worker.CallAllow: 2, worker.CallCancel: 1} {
+		if h := histogram(t, reg, "asynq_throttle_script_duration_seconds", map[string]string{"task_type": "o:call", "call": call}); h.GetSampleCount() != want {
+			t.Errorf("script duration of %s: %d calls observed, want %d", call, h.GetSampleCount(), want)
+		}
+	}
+	if got := gauge(t, reg, "asynq_throttle_reservations_held", map[string]string{"task_type": "o:call"}); got != 0 {
+		t.Errorf("reservations held after the cancel = %g, want 0", got)
+	}
+	if n := ran.Load(); n != 1 {
+		t.Errorf("handler ran %d times, want 1", n)
+	}
+}

@@ -399,7 +399,9 @@ func (m *middleware) overdue(ctx context.Context, rule Rule, d throttle.Decision
 func (m *middleware) giveUp(ctx context.Context, task *asynq.Task, next asynq.Handler, rule Rule, req throttle.Request, reason string) error {
 	start := time.Now()
 	err := m.lim.Cancel(ctx, req)
-	m.metrics.called(req.Key.TaskType, CallCancel, start, err)
+	if req.Reservation != "" { // else Cancel sends nothing to Redis
+		m.metrics.called(req.Key.TaskType, CallCancel, start, err)
+	}
 	if err != nil {
 		m.log.Warn("throttle: could not cancel the reservation of an overdue task; its slot stays held for a window",
 			"task_type", req.Key.TaskType, "tenant", req.Key.Tenant, "err", err)
