@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -225,4 +226,73 @@ func logEntries(t *testing.T, rdb redis.UniversalClient, key string) []redis.Z {
 		t.Fatal(err)
 	}
 	return zs
+}
+
+// family returns the metric family called name that reg gathers, or nil if it has no
+// series.
+func family(t *testing.T, reg prometheus.Gatherer, name string) *dto.MetricFamily {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == name {
+			return f
+		}
+	}
+	return nil
+}
+
+// labelMap returns m's labels by name.
+func labelMap(m *dto.Metric) map[string]string {
+	labels := map[string]string{}
+	for _, l := range m.GetLabel() {
+		labels[l.GetName()] = l.GetValue()
+	}
+	return labels
+}
+
+// metric returns the series of the family name whose labels are exactly labels, failing t
+// if there is none.
+func metric(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) *dto.Metric {
+	t.Helper()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	for _, m := range family(t, reg, name).GetMetric() {
+		if reflect.DeepEqual(labelMap(m), labels) {
+			return m
+		}
+	}
+	t.Fatalf("no series %s%v", name, labels)
+	return nil
+}
+
+func histogram(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) *dto.Histogram {
+	t.Helper()
+	return metric(t, reg, name, labels).GetHistogram()
+}
+
+func gauge(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	return metric(t, reg, name, labels).GetGauge().GetValue()
+}
+
+func counter(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	return metric(t, reg, name, labels).GetCounter().GetValue()
+}
+
+// bucket returns h's cumulative count of observations <= le, failing t if h has no such
+// bucket.
+func bucket(t *testing.T, h *dto.Histogram, le float64) uint64 {
+	t.Helper()
+	for _, b := range h.GetBucket() {
+		if b.GetUpperBound() == le {
+			return b.GetCumulativeCount()
+		}
+	}
+	t.Fatalf("histogram has no bucket le=%g", le)
+	return 0
 }

@@ -1,9 +1,18 @@
 package worker
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
 // Outcomes counted by Metrics.Decisions, one label value each.
@@ -18,39 +27,186 @@ const (
 	OutcomeOverdue     = "overdue"     // it would wait past Rule.MaxDelay or its deadline: Rule.Overdue applied
 )
 
+// Limiter calls timed by Metrics.ScriptDuration and counted by Metrics.RedisErrors, one
+// value each of their "call" label.
+const (
+	CallAllow        = "allow"        // throttle.Limiter.Allow: one decision (one script call)
+	CallCancel       = "cancel"       // throttle.Limiter.Cancel: an overdue task gives up its reservation
+	CallReservations = "reservations" // throttle.Limiter.Reservations, listed at scrape time (RedisErrors only)
+)
+
+// Values of the "result" label of Metrics.OverrideReloads.
+const (
+	ReloadOK    = "ok"    // the overrides were read and applied
+	ReloadError = "error" // they could not be read or were invalid; the last good set stays
+)
+
+// OtherTenant is the tenant label value of every tenant past MetricsConfig.MaxTenants.
+// A tenant whose name is "other" is counted under the same label.
+const OtherTenant = "other"
+
+// Defaults and bounds of MetricsConfig.
+const (
+	// DefaultMaxTenants is MetricsConfig.MaxTenants when left zero.
+	DefaultMaxTenants = 100
+	// MaxTenantLabelBytes is the longest tenant label value: a longer tenant is cut to its
+	// first MaxTenantLabelBytes bytes (at a character boundary), and bytes that are not
+	// UTF-8 become U+FFFD, as Prometheus label values must be UTF-8. Tenants that agree on
+	// their first MaxTenantLabelBytes bytes share a label.
+	MaxTenantLabelBytes = 64
+)
+
+// reservationsTimeout bounds the listing of reservations at each scrape.
+const reservationsTimeout = 5 * time.Second
+
+// MetricsConfig configures NewMetricsWithConfig. The zero value is NewMetrics: no tenant
+// label.
+type MetricsConfig struct {
+	// TenantLabel adds a "tenant" label to asynq_throttle_decisions_total (Decisions),
+	// after task_type and outcome. Tenants are user data: every distinct label value is a
+	// series kept in memory by this process and by Prometheus, so the label is capped by
+	// MaxTenants. Defaults to false: decisions are counted by task type and outcome only.
+	TenantLabel bool
+	// MaxTenants is the most distinct tenant label values: the first MaxTenants tenants
+	// this process counts keep their own label for its lifetime, and every later one is
+	// counted as OtherTenant ("other"). Defaults to DefaultMaxTenants; ignored without
+	// TenantLabel. NewMetricsWithConfig returns an error if it is negative.
+	MaxTenants int
+}
+
 // Metrics are the middleware's Prometheus metrics. Create them once per registry with
-// NewMetrics and share them between middlewares.
+// NewMetrics (or NewMetricsWithConfig) and share them between middlewares: each
+// middleware given them in Config.Metrics records into them. Every field is registered by
+// NewMetrics under a fixed name, so dashboards can rely on the names before any event.
 type Metrics struct {
-	// Decisions counts tasks by task_type and outcome (the Outcome* constants).
+	// Decisions counts tasks by task_type and outcome (the Outcome* constants), and by
+	// tenant with MetricsConfig.TenantLabel: labels (task_type, outcome[, tenant]).
+	// asynq_throttle_decisions_total.
 	Decisions *prometheus.CounterVec
 	// SkewFallbacks counts decisions, by task_type, made by the Redis server's clock
 	// because the local clock was further than throttle.Config.MaxSkew from it.
+	// asynq_throttle_clock_skew_fallbacks_total.
 	SkewFallbacks *prometheus.CounterVec
 	// ClockSkew is the local clock minus the Redis server's TIME at the last decision, in
-	// seconds (it includes part of the round trip).
+	// seconds (it includes part of the round trip). asynq_throttle_clock_skew_seconds.
 	ClockSkew prometheus.Gauge
+	// ThrottleDelay is the delay, in seconds, that the throttle gave a task it held back,
+	// by task_type and outcome: "waited", the Decision.Delay sat out in the handler; or
+	// "denied" and "deferred", the Decision.RetryAfter until its slot (its reservation's
+	// instant), re-queued meanwhile. asynq_throttle_delay_seconds, buckets from 5ms to 1h.
+	ThrottleDelay *prometheus.HistogramVec
+	// ScriptDuration is the time, in seconds, of each limiter call as the worker sees it
+	// (the round trip and the script), by task_type and call (CallAllow, CallCancel);
+	// calls that fail are included. A task whose decision is retried while Redis cannot
+	// answer makes one call per attempt. asynq_throttle_script_duration_seconds, buckets
+	// from 100us to 2.5s.
+	ScriptDuration *prometheus.HistogramVec
+	// TasksWaiting is the number of tasks sitting out a Decision.Delay in their handler
+	// now, by task_type: each holds a worker slot (asynq.Config.Concurrency).
+	// asynq_throttle_tasks_waiting.
+	TasksWaiting *prometheus.GaugeVec
+	// RedisErrors counts limiter calls that failed with a Redis error (unreachable,
+	// timed out, or a context that ended), by task_type and call (CallAllow, CallCancel,
+	// CallReservations). Invalid requests (throttle.ErrInvalid) are not Redis errors.
+	// asynq_throttle_redis_errors_total.
+	RedisErrors *prometheus.CounterVec
+	// PausesActive is the number of pauses (upstream backpressure: a tenant's or a task
+	// type's quota paused until an instant) in force that this worker knows of. It is a
+	// hook: the code that pauses and resumes quotas sets it; NewMetrics starts it at 0.
+	// asynq_throttle_pauses_active.
+	PausesActive prometheus.Gauge
+	// OverrideReloads counts the reloads of runtime overrides and tiers, by result
+	// (ReloadOK, ReloadError). It is a hook: the code that reloads overrides increments
+	// it; NewMetrics starts both results at 0. asynq_throttle_override_reloads_total.
+	OverrideReloads *prometheus.CounterVec
+
+	reservations *reservationsGauge // asynq_throttle_reservations_held, read at scrape time
+	tenants      *tenantLabels      // nil without MetricsConfig.TenantLabel
 }
 
-// NewMetrics creates the metrics and registers them with reg under the names
-// asynq_throttle_decisions_total, asynq_throttle_clock_skew_fallbacks_total and
-// asynq_throttle_clock_skew_seconds. It returns reg's error if one is already registered,
-// and then leaves none of them registered.
+// NewMetrics is NewMetricsWithConfig(reg, MetricsConfig{}): no tenant label.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	m := &Metrics{
-		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "asynq_throttle_decisions_total",
-			Help: "Throttled tasks by task type and outcome: admitted, waited, denied, deferred, unavailable, failed_open, rejected, overdue.",
-		}, []string{"task_type", "outcome"}),
-		SkewFallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "asynq_throttle_clock_skew_fallbacks_total",
-			Help: "Decisions made by the Redis server's clock because the worker's clock was off by more than the tolerance.",
-		}, []string{"task_type"}),
-		ClockSkew: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "asynq_throttle_clock_skew_seconds",
-			Help: "The worker's clock minus the Redis server's TIME at the last decision.",
-		}),
+	return NewMetricsWithConfig(reg, MetricsConfig{})
+}
+
+// NewMetricsWithConfig creates the metrics and registers them with reg under the names
+// asynq_throttle_decisions_total, asynq_throttle_clock_skew_fallbacks_total,
+// asynq_throttle_clock_skew_seconds, asynq_throttle_delay_seconds,
+// asynq_throttle_script_duration_seconds, asynq_throttle_tasks_waiting,
+// asynq_throttle_redis_errors_total, asynq_throttle_pauses_active,
+// asynq_throttle_override_reloads_total and asynq_throttle_reservations_held.
+//
+// asynq_throttle_reservations_held{task_type} is read at each scrape: the reservations
+// held on the logs of each task type that a middleware using these metrics throttles, as
+// throttle.Limiter.Reservations lists them (one HSCAN per 200 reservations, within 5s; a
+// lapsed reservation is listed until the next decision on its log removes it). It counts
+// every worker's reservations, so every worker reports the same value: aggregate it with
+// max, not sum. A task type whose listing fails is left out of that scrape and counted in
+// RedisErrors.
+//
+// It returns an error if cfg.MaxTenants is negative, or reg's error if a metric is already
+// registered, and then leaves none of them registered.
+func NewMetricsWithConfig(reg prometheus.Registerer, cfg MetricsConfig) (*Metrics, error) {
+	if cfg.MaxTenants < 0 {
+		return nil, fmt.Errorf("worker: MetricsConfig.MaxTenants %d < 0", cfg.MaxTenants)
 	}
-	collectors := []prometheus.Collector{m.Decisions, m.SkewFallbacks, m.ClockSkew}
+	decisionLabels := []string{"task_type", "outcome"}
+	m := &Metrics{}
+	if cfg.TenantLabel {
+		decisionLabels = append(decisionLabels, "tenant")
+		m.tenants = &tenantLabels{max: cfg.MaxTenants, seen: map[string]bool{}}
+		if m.tenants.max == 0 {
+			m.tenants.max = DefaultMaxTenants
+		}
+	}
+	m.Decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "asynq_throttle_decisions_total",
+		Help: "Throttled tasks by task type and outcome: admitted, waited, denied, deferred, unavailable, failed_open, rejected, overdue.",
+	}, decisionLabels)
+	m.SkewFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "asynq_throttle_clock_skew_fallbacks_total",
+		Help: "Decisions made by the Redis server's clock because the worker's clock was off by more than the tolerance.",
+	}, []string{"task_type"})
+	m.ClockSkew = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "asynq_throttle_clock_skew_seconds",
+		Help: "The worker's clock minus the Redis server's TIME at the last decision.",
+	})
+	m.ThrottleDelay = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "asynq_throttle_delay_seconds",
+		Help:    "Delay the throttle gave a task: waited (sat out in the handler), denied or deferred (until its slot, re-queued).",
+		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600},
+	}, []string{"task_type", "outcome"})
+	m.ScriptDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "asynq_throttle_script_duration_seconds",
+		Help:    "Time of each limiter call (allow, cancel) as the worker sees it, round trip included.",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+	}, []string{"task_type", "call"})
+	m.TasksWaiting = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "asynq_throttle_tasks_waiting",
+		Help: "Tasks waiting in their handler for a slot a little ahead, each holding a worker slot.",
+	}, []string{"task_type"})
+	m.RedisErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "asynq_throttle_redis_errors_total",
+		Help: "Limiter calls that failed with a Redis error, by task type and call (allow, cancel, reservations).",
+	}, []string{"task_type", "call"})
+	m.PausesActive = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "asynq_throttle_pauses_active",
+		Help: "Quota pauses (upstream backpressure) in force that this worker knows of.",
+	})
+	m.OverrideReloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "asynq_throttle_override_reloads_total",
+		Help: "Reloads of runtime overrides and tiers, by result (ok, error: the last good set stays).",
+	}, []string{"result"})
+	m.OverrideReloads.WithLabelValues(ReloadOK)    // both series exist from the start,
+	m.OverrideReloads.WithLabelValues(ReloadError) // so that rate() and alerts see 0
+	m.reservations = &reservationsGauge{
+		desc: prometheus.NewDesc("asynq_throttle_reservations_held",
+			"Reservations held on the task type's window logs (all workers'), read at scrape time.",
+			[]string{"task_type"}, nil),
+		errors: m.RedisErrors,
+	}
+	collectors := []prometheus.Collector{m.Decisions, m.SkewFallbacks, m.ClockSkew, m.ThrottleDelay,
+		m.ScriptDuration, m.TasksWaiting, m.RedisErrors, m.PausesActive, m.OverrideReloads, m.reservations}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			for _, done := range collectors[:i] { // all or nothing, so that a retry can work
@@ -62,9 +218,165 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-// count adds one decision; m may be nil.
-func (m *Metrics) count(taskType, outcome string) {
+// count adds one decision for key; m may be nil.
+func (m *Metrics) count(key throttle.Key, outcome string) {
+	if m == nil {
+		return
+	}
+	if m.tenants == nil {
+		m.Decisions.WithLabelValues(key.TaskType, outcome).Inc()
+		return
+	}
+	m.Decisions.WithLabelValues(key.TaskType, outcome, m.tenants.label(key.Tenant)).Inc()
+}
+
+// delayed counts one decision for key that held the task back by delay, and observes the
+// delay; m may be nil.
+func (m *Metrics) delayed(key throttle.Key, outcome string, delay time.Duration) {
+	if m == nil {
+		return
+	}
+	m.count(key, outcome)
+	m.ThrottleDelay.WithLabelValues(key.TaskType, outcome).Observe(delay.Seconds())
+}
+
+// called observes one limiter call of taskType that began at start and returned err;
+// m may be nil.
+func (m *Metrics) called(taskType, call string, start time.Time, err error) {
+	if m == nil {
+		return
+	}
+	m.ScriptDuration.WithLabelValues(taskType, call).Observe(time.Since(start).Seconds())
+	if err != nil && !errors.Is(err, throttle.ErrInvalid) {
+		m.RedisErrors.WithLabelValues(taskType, call).Inc()
+	}
+}
+
+// waiting adds delta to the tasks of taskType waiting in their handler; m may be nil.
+func (m *Metrics) waiting(taskType string, delta float64) {
 	if m != nil {
-		m.Decisions.WithLabelValues(taskType, outcome).Inc()
+		m.TasksWaiting.WithLabelValues(taskType).Add(delta)
+	}
+}
+
+// throttles sets up the series of taskTypes, which a middleware on lim throttles: the
+// gauge of tasks waiting and the Redis error counters start at 0, so that dashboards and
+// alerts see them before the first event, and, with reservations, makes
+// asynq_throttle_reservations_held report those that lim holds for them. m may be nil.
+func (m *Metrics) throttles(lim *throttle.Limiter, taskTypes []string, reservations bool) {
+	if m == nil {
+		return
+	}
+	for _, tt := range taskTypes {
+		m.TasksWaiting.WithLabelValues(tt)
+		m.RedisErrors.WithLabelValues(tt, CallAllow)
+		m.RedisErrors.WithLabelValues(tt, CallCancel)
+		if reservations {
+			m.RedisErrors.WithLabelValues(tt, CallReservations)
+		}
+	}
+	if reservations {
+		m.reservations.watch(lim, taskTypes)
+	}
+}
+
+// tenantLabels caps the distinct tenant label values. It is safe for concurrent use.
+type tenantLabels struct {
+	max  int
+	mu   sync.Mutex
+	seen map[string]bool // label values given out, at most max
+}
+
+// label returns tenant's label value: tenant made valid UTF-8 and cut to
+// MaxTenantLabelBytes, or OtherTenant once max other values were given out.
+func (t *tenantLabels) label(tenant string) string {
+	v := tenantLabelValue(tenant)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.seen[v] {
+		return v
+	}
+	if len(t.seen) >= t.max {
+		return OtherTenant
+	}
+	t.seen[v] = true
+	return v
+}
+
+// tenantLabelValue is tenant as a Prometheus label value: invalid UTF-8 replaced by
+// U+FFFD, then cut to at most MaxTenantLabelBytes bytes without splitting a character.
+func tenantLabelValue(tenant string) string {
+	v := strings.ToValidUTF8(tenant, "\uFFFD")
+	if len(v) <= MaxTenantLabelBytes {
+		return v
+	}
+	cut := MaxTenantLabelBytes
+	for cut > 0 && !utf8.RuneStart(v[cut]) {
+		cut--
+	}
+	return v[:cut]
+}
+
+// reservationsGauge is the collector of asynq_throttle_reservations_held: at each
+// scrape it counts the reservations of every (limiter, task type) it watches.
+type reservationsGauge struct {
+	desc   *prometheus.Desc
+	errors *prometheus.CounterVec // Metrics.RedisErrors
+
+	mu      sync.Mutex
+	sources []reservationSource // no duplicates
+}
+
+type reservationSource struct {
+	lim      *throttle.Limiter
+	taskType string
+}
+
+func (g *reservationsGauge) watch(lim *throttle.Limiter, taskTypes []string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, tt := range taskTypes {
+		s := reservationSource{lim: lim, taskType: tt}
+		found := false
+		for _, have := range g.sources {
+			found = found || have == s
+		}
+		if !found {
+			g.sources = append(g.sources, s)
+		}
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (g *reservationsGauge) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
+
+// Collect implements prometheus.Collector: one gauge per task type, the sum over the
+// limiters that throttle it; a task type whose listing failed is left out.
+func (g *reservationsGauge) Collect(ch chan<- prometheus.Metric) {
+	g.mu.Lock()
+	sources := append([]reservationSource(nil), g.sources...)
+	g.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), reservationsTimeout)
+	defer cancel()
+	held, failed := map[string]int{}, map[string]bool{}
+	for _, s := range sources {
+		n := 0
+		err := s.lim.Reservations(ctx, s.taskType, func(throttle.Reservation) bool { n++; return true })
+		if err != nil {
+			g.errors.WithLabelValues(s.taskType, CallReservations).Inc()
+			failed[s.taskType] = true
+			continue
+		}
+		held[s.taskType] += n
+	}
+	types := make([]string, 0, len(held))
+	for tt := range held {
+		if !failed[tt] {
+			types = append(types, tt)
+		}
+	}
+	sort.Strings(types)
+	for _, tt := range types {
+		ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, float64(held[tt]), tt)
 	}
 }

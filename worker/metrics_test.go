@@ -3,6 +3,8 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"reflect"
 	"strings"
 	"sync/atomic"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/producer"
@@ -91,6 +94,208 @@ func TestMetrics(t *testing.T) {
 	if got := toFloat64(t, metrics.ClockSkew); got <= -1 || got >= 1 {
 		t.Errorf("clock skew = %gs, want |skew| < 1s", got)
 	}
+	// Three limiter calls, one per task. With 1 task a minute the second and third tasks
+	// (in the order they were decided) were given the next slots, up to 1m and up to 2m
+	// ahead (their reservations' instants).
+	if h := histogram(t, reg, "asynq_throttle_script_duration_seconds", map[string]string{"task_type": "m:call", "call": worker.CallAllow}); h.GetSampleCount() != 3 {
+		t.Errorf("script duration: %d calls observed, want 3", h.GetSampleCount())
+	}
+	var count, within30, within60, within300 uint64
+	for _, outcome := range []string{worker.OutcomeDenied, worker.OutcomeDeferred} {
+		h := histogram(t, reg, "asynq_throttle_delay_seconds", map[string]string{"task_type": "m:call", "outcome": outcome})
+		if h.GetSampleCount() != 1 {
+			t.Errorf("delays of %s tasks: %d observed, want 1", outcome, h.GetSampleCount())
+		}
+		count, within30, within60, within300 = count+h.GetSampleCount(), within30+bucket(t, h, 30), within60+bucket(t, h, 60), within300+bucket(t, h, 300)
+	}
+	if count != 2 || within30 != 0 || within60 != 1 || within300 != 2 {
+		t.Errorf("delays: %d observed, %d within 30s, %d within 60s, %d within 300s; want 2, 0, 1, 2", count, within30, within60, within300)
+	}
+	// Both held back tasks hold a reservation (the copy keeps the third task's).
+	if got := gauge(t, reg, "asynq_throttle_reservations_held", map[string]string{"task_type": "m:call"}); got != 2 {
+		t.Errorf("reservations held = %g, want 2", got)
+	}
+	for _, call := range []string{worker.CallAllow, worker.CallCancel, worker.CallReservations} {
+		if got := counter(t, reg, "asynq_throttle_redis_errors_total", map[string]string{"task_type": "m:call", "call": call}); got != 0 {
+			t.Errorf("redis errors of %s = %g, want 0", call, got)
+		}
+	}
+	if got := gauge(t, reg, "asynq_throttle_tasks_waiting", map[string]string{"task_type": "m:call"}); got != 0 {
+		t.Errorf("tasks waiting = %g, want 0", got)
+	}
+}
+
+// TestMetrics_waited sends two tasks of one tenant against "w:call tenant=1/2s" without
+// reservations: the second is admitted for the slot 2s after the first and waits for it
+// in its handler, counted in asynq_throttle_tasks_waiting meanwhile and then in the
+// waited delay histogram.
+func TestMetrics_waited(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Start(t)
+	reg := prometheus.NewRegistry()
+	metrics, err := worker.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := worker.New(newLimiter(t, rdb), worker.Config{Rules: mustRules(t, "w:call tenant=1/2s"), Redis: rdb,
+		Metrics: metrics, NoReservations: true, MaxWait: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int32
+	runAsynq(t, rdb, mw, func(context.Context, *asynq.Task) error { ran.Add(1); return nil }, nil)
+	client := asynq.NewClientFromRedisClient(rdb)
+	for range 2 {
+		if _, err := client.Enqueue(producer.NewTask("w:call", nil, "acme")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waiting := metrics.TasksWaiting.WithLabelValues("w:call")
+	waitUntil(t, 10*time.Second, "one task waits in its handler", func() bool { return toFloat64(t, waiting) == 1 && ran.Load() == 1 })
+	waitUntil(t, 10*time.Second, "both tasks ran", func() bool { return ran.Load() == 2 })
+	if got := toFloat64(t, waiting); got != 0 {
+		t.Errorf("tasks waiting after both ran = %g, want 0", got)
+	}
+	want := wantOutcomes(map[string]float64{worker.OutcomeAdmitted: 1, worker.OutcomeWaited: 1})
+	if got := outcomes(t, metrics, "w:call"); !reflect.DeepEqual(got, want) {
+		t.Errorf("outcomes: %s, want %s", fmtOutcomes(got), fmtOutcomes(want))
+	}
+	h := histogram(t, reg, "asynq_throttle_delay_seconds", map[string]string{"task_type": "w:call", "outcome": worker.OutcomeWaited})
+	if h.GetSampleCount() != 1 || bucket(t, h, 2.5) != 1 || h.GetSampleSum() <= 0 || h.GetSampleSum() > 2 {
+		t.Errorf("waited delay: %d observed, %d within 2.5s, sum %gs; want 1, 1, in (0, 2s]",
+			h.GetSampleCount(), bucket(t, h, 2.5), h.GetSampleSum())
+	}
+	if f := family(t, reg, "asynq_throttle_reservations_held"); f != nil {
+		t.Errorf("reservations held listed without reservations: %v", f.GetMetric())
+	}
+}
+
+// TestMetrics_redisErrors decides two tasks against a Redis that is down, with FailOpen
+// and an UnavailableWait too short for a second attempt: each makes exactly one limiter
+// call, counted as a Redis error, and runs unthrottled. A scrape then fails to list the
+// reservations and counts that too.
+func TestMetrics_redisErrors(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	srv.Stop()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = rdb.Close() })
+	reg := prometheus.NewRegistry()
+	metrics, err := worker.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := worker.New(newLimiter(t, rdb), worker.Config{Rules: mustRules(t, "e:call tenant=5/1s"), Redis: rdb,
+		Metrics: metrics, FailOpen: true, UnavailableWait: time.Millisecond, SweepInterval: -1,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := 0
+	h := mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran++; return nil }))
+	for range 2 {
+		if err := h.ProcessTask(context.Background(), producer.NewTask("e:call", nil, "acme")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ran != 2 {
+		t.Errorf("handler ran %d times, want 2 (fail open)", ran)
+	}
+	want := wantOutcomes(map[string]float64{worker.OutcomeFailedOpen: 2})
+	if got := outcomes(t, metrics, "e:call"); !reflect.DeepEqual(got, want) {
+		t.Errorf("outcomes: %s, want %s", fmtOutcomes(got), fmtOutcomes(want))
+	}
+	if got := toFloat64(t, metrics.RedisErrors.WithLabelValues("e:call", worker.CallAllow)); got != 2 {
+		t.Errorf("redis errors of allow = %g, want 2", got)
+	}
+	if _, err := reg.Gather(); err != nil {
+		t.Fatal(err)
+	}
+	if got := toFloat64(t, metrics.RedisErrors.WithLabelValues("e:call", worker.CallReservations)); got != 1 {
+		t.Errorf("redis errors of reservations after one scrape = %g, want 1", got)
+	}
+	if f := family(t, reg, "asynq_throttle_reservations_held"); f != nil {
+		t.Errorf("reservations held reported although Redis is down: %v", f.GetMetric())
+	}
+	if h := histogram(t, reg, "asynq_throttle_script_duration_seconds", map[string]string{"task_type": "e:call", "call": worker.CallAllow}); h.GetSampleCount() != 2 {
+		t.Errorf("script duration: %d calls observed, want 2", h.GetSampleCount())
+	}
+}
+
+// TestMetrics_tenantLabel counts decisions by tenant with MetricsConfig{TenantLabel: true,
+// MaxTenants: 3}: the first three distinct label values keep theirs, later tenants count as
+// "other", a long tenant is cut to MaxTenantLabelBytes and bad UTF-8 is replaced.
+func TestMetrics_tenantLabel(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Start(t)
+	reg := prometheus.NewRegistry()
+	metrics, err := worker.NewMetricsWithConfig(reg, worker.MetricsConfig{TenantLabel: true, MaxTenants: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := worker.New(newLimiter(t, rdb), worker.Config{Rules: mustRules(t, "l:call tenant=100/1m"), Redis: rdb,
+		Metrics: metrics, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
+	long := strings.Repeat("é", 100) // 200 bytes; its first 64 are 32 é
+	for _, tenant := range []string{"acme", "acme", long, "bad\xffutf8", "initech", "acme", "globex", long + "x"} {
+		if err := h.ProcessTask(context.Background(), producer.NewTask("l:call", nil, tenant)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]float64{}
+	for _, m := range family(t, reg, "asynq_throttle_decisions_total").GetMetric() {
+		labels := labelMap(m)
+		if labels["task_type"] != "l:call" || labels["outcome"] != worker.OutcomeAdmitted {
+			t.Errorf("unexpected series %v", labels)
+		}
+		got[labels["tenant"]] = m.GetCounter().GetValue()
+	}
+	want := map[string]float64{"acme": 3, strings.Repeat("é", 32): 2, "bad\uFFFDutf8": 1, worker.OtherTenant: 2}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("decisions by tenant: %v, want %v", got, want)
+	}
+}
+
+func TestNewMetricsWithConfig_negativeMaxTenants(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m, err := worker.NewMetricsWithConfig(reg, worker.MetricsConfig{TenantLabel: true, MaxTenants: -1})
+	if err == nil || m != nil || err.Error() != "worker: MetricsConfig.MaxTenants -1 < 0" {
+		t.Fatalf("got %v, %v; want nil and the error worker: MetricsConfig.MaxTenants -1 < 0", m, err)
+	}
+	if fams, err := reg.Gather(); err != nil || len(fams) != 0 {
+		t.Errorf("registry after the error: %d families (%v), want none", len(fams), err)
+	}
+}
+
+// TestNewMetrics_hooks checks that the metrics other code sets exist from the start, at 0,
+// under their fixed names.
+func TestNewMetrics_hooks(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m, err := worker.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := gauge(t, reg, "asynq_throttle_pauses_active", nil); got != 0 {
+		t.Errorf("pauses active = %g, want 0", got)
+	}
+	for _, result := range []string{worker.ReloadOK, worker.ReloadError} {
+		if got := counter(t, reg, "asynq_throttle_override_reloads_total", map[string]string{"result": result}); got != 0 {
+			t.Errorf("override reloads{result=%s} = %g, want 0", result, got)
+		}
+	}
+	m.PausesActive.Inc()
+	m.OverrideReloads.WithLabelValues(worker.ReloadError).Inc()
+	if got := gauge(t, reg, "asynq_throttle_pauses_active", nil); got != 1 {
+		t.Errorf("pauses active after Inc = %g, want 1", got)
+	}
+	if got := counter(t, reg, "asynq_throttle_override_reloads_total", map[string]string{"result": worker.ReloadError}); got != 1 {
+		t.Errorf("override reloads{result=error} after Inc = %g, want 1", got)
+	}
 }
 
 func TestNewMetrics_twice(t *testing.T) {
@@ -116,5 +321,51 @@ func TestNewMetrics_twice(t *testing.T) {
 	// Another registry is independent.
 	if _, err := worker.NewMetrics(prometheus.NewRegistry()); err != nil {
 		t.Errorf("NewMetrics on a second registry: %v", err)
+	}
+}
+
+// TestMetrics_overdueCancel runs two tasks of one tenant against "o:call tenant=1/1m
+// max-delay=1s overdue=drop": the second would wait a minute, so it is dropped and gives
+// up the reservation its decision made. That is two allow calls and one cancel, and no
+// reservation is left.
+func TestMetrics_overdueCancel(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Start(t)
+	reg := prometheus.NewRegistry()
+	metrics, err := worker.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := worker.New(newLimiter(t, rdb), worker.Config{Rules: mustRules(t, "o:call tenant=1/1m max-delay=1s overdue=drop"),
+		Redis: rdb, Metrics: metrics, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int32
+	runAsynq(t, rdb, mw, func(context.Context, *asynq.Task) error { ran.Add(1); return nil }, nil)
+	client := asynq.NewClientFromRedisClient(rdb)
+	for i := range 2 {
+		if _, err := client.Enqueue(producer.NewTask("o:call", nil, "acme")); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, 10*time.Second, "the task was decided", func() bool {
+			got := outcomes(t, metrics, "o:call")
+			return got[worker.OutcomeAdmitted]+got[worker.OutcomeOverdue] == float64(i+1)
+		})
+	}
+	want := wantOutcomes(map[string]float64{worker.OutcomeAdmitted: 1, worker.OutcomeOverdue: 1})
+	if got := outcomes(t, metrics, "o:call"); !reflect.DeepEqual(got, want) {
+		t.Errorf("outcomes: %s, want %s", fmtOutcomes(got), fmtOutcomes(want))
+	}
+	for call, want := range map[string]uint64{worker.CallAllow: 2, worker.CallCancel: 1} {
+		if h := histogram(t, reg, "asynq_throttle_script_duration_seconds", map[string]string{"task_type": "o:call", "call": call}); h.GetSampleCount() != want {
+			t.Errorf("script duration of %s: %d calls observed, want %d", call, h.GetSampleCount(), want)
+		}
+	}
+	if got := gauge(t, reg, "asynq_throttle_reservations_held", map[string]string{"task_type": "o:call"}); got != 0 {
+		t.Errorf("reservations held after the cancel = %g, want 0", got)
+	}
+	if n := ran.Load(); n != 1 {
+		t.Errorf("handler ran %d times, want 1", n)
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -98,7 +100,8 @@ type Config struct {
 	// limit), each fail-open run, and clock-skew fallbacks (at most one a minute).
 	// Defaults to slog.Default().
 	Logger *slog.Logger
-	// Metrics, if set, counts decisions by task type and outcome (see NewMetrics).
+	// Metrics, if set, records decisions by task type and outcome, delays, limiter calls,
+	// tasks waiting in handlers and the reservations held (see NewMetrics).
 	Metrics *Metrics
 	// DecisionFunc, if set, is called after every decision the limiter makes, admitted or
 	// denied, with the task's key, e.g. to count or log throttling. It must be fast and
@@ -236,6 +239,7 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 	if err := m.startSweep(cfg); err != nil {
 		return nil, err
 	}
+	m.metrics.throttles(lim, slices.Sorted(maps.Keys(m.rules)), m.reserve)
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 			return m.process(ctx, task, next)
@@ -279,12 +283,12 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 	case errors.Is(err, throttle.ErrInvalid):
 		return m.reject(ctx, key, rule, err)
 	case err != nil && m.failOpen:
-		m.metrics.count(key.TaskType, OutcomeFailedOpen)
+		m.metrics.count(key, OutcomeFailedOpen)
 		m.log.Warn("throttle: limiter unavailable, running task unthrottled (FailOpen)",
 			"task_type", key.TaskType, "tenant", key.Tenant, "err", err)
 		return next.ProcessTask(ctx, task)
 	case err != nil:
-		m.metrics.count(key.TaskType, OutcomeUnavailable)
+		m.metrics.count(key, OutcomeUnavailable)
 		return m.later(ctx, task, fmt.Errorf("%w: %w", ErrUnavailable, err), m.now().Add(UnavailableRetryDelay))
 	}
 	m.checkSkew(key, d)
@@ -317,16 +321,19 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 // context ended; the slot it was given goes unused.
 func (m *middleware) run(ctx context.Context, task *asynq.Task, next asynq.Handler, key throttle.Key, d throttle.Decision) error {
 	if d.Delay > 0 {
-		m.metrics.count(key.TaskType, OutcomeWaited)
+		m.metrics.delayed(key, OutcomeWaited, d.Delay)
+		m.metrics.waiting(key.TaskType, 1)
 		t := time.NewTimer(d.Delay)
 		select {
 		case <-t.C:
+			m.metrics.waiting(key.TaskType, -1)
 		case <-ctx.Done():
 			t.Stop()
+			m.metrics.waiting(key.TaskType, -1)
 			return ctx.Err()
 		}
 	} else {
-		m.metrics.count(key.TaskType, OutcomeAdmitted)
+		m.metrics.count(key, OutcomeAdmitted)
 	}
 	return next.ProcessTask(context.WithValue(ctx, decisionKey{}, d), task)
 }
@@ -390,15 +397,20 @@ func (m *middleware) overdue(ctx context.Context, rule Rule, d throttle.Decision
 // giveUp ends a task the throttle would hold back too long, as rule.Overdue says, after
 // giving up its reservation so that the slot goes to the next task.
 func (m *middleware) giveUp(ctx context.Context, task *asynq.Task, next asynq.Handler, rule Rule, req throttle.Request, reason string) error {
-	if err := m.lim.Cancel(ctx, req); err != nil {
+	start := time.Now()
+	err := m.lim.Cancel(ctx, req)
+	if req.Reservation != "" { // else Cancel sends nothing to Redis
+		m.metrics.called(req.Key.TaskType, CallCancel, start, err)
+	}
+	if err != nil {
 		m.log.Warn("throttle: could not cancel the reservation of an overdue task; its slot stays held for a window",
 			"task_type", req.Key.TaskType, "tenant", req.Key.Tenant, "err", err)
 	}
-	m.metrics.count(req.Key.TaskType, OutcomeOverdue)
+	m.metrics.count(req.Key, OutcomeOverdue)
 	id, _ := asynq.GetTaskID(ctx)
 	m.log.Warn("throttle: task overdue: "+reason, "task_id", id, "task_type", req.Key.TaskType,
 		"tenant", req.Key.Tenant, "rule", rule.String(), "overdue", rule.Overdue.String())
-	err := fmt.Errorf("worker: rule %q: task %s %s", rule.String(), id, reason)
+	err = fmt.Errorf("worker: rule %q: task %s %s", rule.String(), id, reason)
 	switch rule.Overdue {
 	case OverdueRun:
 		return next.ProcessTask(ctx, task)
@@ -443,7 +455,9 @@ func (m *middleware) allow(ctx context.Context, req throttle.Request) (throttle.
 	}
 	backoff := 50 * time.Millisecond
 	for {
+		start := time.Now()
 		d, err := m.lim.Allow(ctx, req)
+		m.metrics.called(req.Key.TaskType, CallAllow, start, err)
 		if err == nil || errors.Is(err, throttle.ErrInvalid) || !m.now().Add(backoff).Before(giveUp) {
 			return d, err
 		}
@@ -460,7 +474,7 @@ func (m *middleware) allow(ctx context.Context, req throttle.Request) (throttle.
 // quota's Events): it logs a line naming the rule and returns err with asynq.SkipRetry,
 // so asynq archives the task with that reason instead of throttling it forever.
 func (m *middleware) reject(ctx context.Context, key throttle.Key, rule Rule, err error) error {
-	m.metrics.count(key.TaskType, OutcomeRejected)
+	m.metrics.count(key, OutcomeRejected)
 	id, _ := asynq.GetTaskID(ctx)
 	m.log.Error("throttle: task can never run under its rule; archiving it",
 		"task_id", id, "task_type", key.TaskType, "tenant", key.Tenant, "rule", rule.String(), "err", err)
@@ -493,15 +507,16 @@ func (m *middleware) checkSkew(key throttle.Key, d throttle.Decision) {
 func (m *middleware) later(ctx context.Context, task *asynq.Task, err error, retryAt time.Time) error {
 	retried, _ := asynq.GetRetryCount(ctx)
 	maxRetry, _ := asynq.GetMaxRetry(ctx)
-	denied := errors.Is(err, throttle.ErrDenied) // else unavailable, counted as such already
+	var denied *throttle.DeniedError // else unavailable, counted as such already
+	isDenied := errors.As(err, &denied)
 	if retried < maxRetry {
-		if denied {
-			m.metrics.count(task.Type(), OutcomeDenied)
+		if isDenied {
+			m.metrics.delayed(denied.Key, OutcomeDenied, denied.RetryAfter)
 		}
 		return err
 	}
-	if denied {
-		m.metrics.count(task.Type(), OutcomeDeferred)
+	if isDenied {
+		m.metrics.delayed(denied.Key, OutcomeDeferred, denied.RetryAfter)
 	}
 	return m.deferTask(ctx, task, err, retryAt, maxRetry-retried)
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
 
@@ -69,14 +70,24 @@ func (a *activity) handler(tenantHeader string, next asynq.Handler) asynq.Handle
 	})
 }
 
-// take returns one line per (task type, tenant) counted since the last take, sorted by
-// type then tenant, and resets the counts:
+// maxLoggedBytes is the most bytes of a tenant or task type that a log line shows: a
+// longer one is cut, at a character boundary, and followed by "...(N bytes)", N its
+// length. Tenants are user data: a 10 kB tenant would otherwise make a 10 kB line.
+const maxLoggedBytes = 64
+
+// take returns the lines for the activity counted since the last take, and resets the
+// counts: one line per (task type, tenant), sorted by type then tenant,
 //
-//	api:call tenant=acme ran=5 throttled=12
+//	api:call tenant="acme" ran=5 throttled=12
 //
-// with " failed=N" appended when a run failed. A tenant that is empty or has spaces,
-// quotes or unprintable characters is quoted.
-func (a *activity) take() []string {
+// with " failed=N" appended when a run failed. The tenant is always quoted
+// (strconv.Quote), the task type only if it needs it, both cut to maxLoggedBytes (see
+// logged). If more than maxLines pairs had
+// activity, only the maxLines busiest (most tasks ran, throttled and failed; ties by type
+// then tenant) get a line, and one more line sums up the rest:
+//
+//	... and 4980 more (task type, tenant) pairs: ran=4980 throttled=9960
+func (a *activity) take(maxLines int) []string {
 	a.mu.Lock()
 	counts := a.counts
 	a.counts = map[throttle.Key]*tally{}
@@ -86,30 +97,68 @@ func (a *activity) take() []string {
 	for k := range counts {
 		keys = append(keys, k)
 	}
-	sort.Slice(keys, func(i, j int) bool {
-		if keys[i].TaskType != keys[j].TaskType {
-			return keys[i].TaskType < keys[j].TaskType
+	byName := func(i, j throttle.Key) bool {
+		if i.TaskType != j.TaskType {
+			return i.TaskType < j.TaskType
 		}
-		return keys[i].Tenant < keys[j].Tenant
-	})
-	lines := make([]string, len(keys))
-	for i, k := range keys {
-		t := counts[k]
-		lines[i] = fmt.Sprintf("%s tenant=%s ran=%d throttled=%d", k.TaskType, quoteIfNeeded(k.Tenant), t.ran, t.throttled)
-		if t.failed > 0 {
-			lines[i] += fmt.Sprintf(" failed=%d", t.failed)
+		return i.Tenant < j.Tenant
+	}
+	var rest tally
+	if len(keys) > maxLines {
+		sort.Slice(keys, func(i, j int) bool {
+			if ti, tj := counts[keys[i]].total(), counts[keys[j]].total(); ti != tj {
+				return ti > tj
+			}
+			return byName(keys[i], keys[j])
+		})
+		for _, k := range keys[maxLines:] {
+			t := counts[k]
+			rest.ran, rest.throttled, rest.failed = rest.ran+t.ran, rest.throttled+t.throttled, rest.failed+t.failed
 		}
+		keys = keys[:maxLines:maxLines]
+	}
+	sort.Slice(keys, func(i, j int) bool { return byName(keys[i], keys[j]) })
+	lines := make([]string, 0, len(keys)+1)
+	for _, k := range keys {
+		lines = append(lines, fmt.Sprintf("%s tenant=%s %s", logged(k.TaskType, false), logged(k.Tenant, true), counts[k]))
+	}
+	if n := len(counts) - len(keys); n > 0 {
+		lines = append(lines, fmt.Sprintf("... and %d more (task type, tenant) pairs: %s", n, &rest))
 	}
 	return lines
 }
 
-// quoteIfNeeded returns s as is if it is a non-empty run of printable non-space
-// characters without quotes, else strconv.Quote(s).
-func quoteIfNeeded(s string) string {
-	if s == "" || strings.ContainsFunc(s, func(r rune) bool {
-		return r == '"' || r == ' ' || !strconv.IsPrint(r)
-	}) {
-		return strconv.Quote(s)
+// total is every task t counts.
+func (t *tally) total() int { return t.ran + t.throttled + t.failed }
+
+// String is "ran=R throttled=T", with " failed=F" when F > 0.
+func (t *tally) String() string {
+	s := fmt.Sprintf("ran=%d throttled=%d", t.ran, t.throttled)
+	if t.failed > 0 {
+		s += fmt.Sprintf(" failed=%d", t.failed)
 	}
 	return s
+}
+
+// logged returns s for a log line: its first maxLoggedBytes bytes (cut at a character
+// boundary), quoted by strconv.Quote if quote is set or s needs it (empty, not UTF-8, or
+// with spaces, quotes or unprintable characters), followed by "...(N bytes)" if s was cut.
+func logged(s string, quote bool) string {
+	shown := s
+	if len(s) > maxLoggedBytes {
+		cut := maxLoggedBytes
+		for cut > maxLoggedBytes-utf8.UTFMax && !utf8.RuneStart(s[cut]) {
+			cut-- // a cut inside a valid character would show it as bytes
+		}
+		shown = s[:cut]
+	}
+	if quote || shown == "" || !utf8.ValidString(shown) || strings.ContainsFunc(shown, func(r rune) bool {
+		return r == '"' || r == ' ' || !strconv.IsPrint(r)
+	}) {
+		shown = strconv.Quote(shown)
+	}
+	if len(s) > maxLoggedBytes {
+		shown += fmt.Sprintf("...(%d bytes)", len(s))
+	}
+	return shown
 }

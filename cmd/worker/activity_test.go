@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -32,20 +33,84 @@ func TestActivity_take(t *testing.T) {
 	decide("api:call", "two words", 0, 3)
 
 	want := []string{
-		"api:call tenant=acme ran=5 throttled=12",
-		"api:call tenant=globex ran=5 throttled=0",
+		`api:call tenant="acme" ran=5 throttled=12`,
+		`api:call tenant="globex" ran=5 throttled=0`,
 		`api:call tenant="two words" ran=0 throttled=3`,
 		`email:send tenant="" ran=1 throttled=2`,
 	}
-	if got := a.take(); !reflect.DeepEqual(got, want) {
+	if got := a.take(20); !reflect.DeepEqual(got, want) {
 		t.Errorf("first interval:\n got %q\nwant %q", got, want)
 	}
-	if got := a.take(); len(got) != 0 {
+	if got := a.take(20); len(got) != 0 {
 		t.Errorf("idle interval: got %q, want no lines", got)
 	}
 	decide("api:call", "acme", 0, 1)
-	if got, want := a.take(), []string{"api:call tenant=acme ran=0 throttled=1"}; !reflect.DeepEqual(got, want) {
+	if got, want := a.take(20), []string{`api:call tenant="acme" ran=0 throttled=1`}; !reflect.DeepEqual(got, want) {
 		t.Errorf("third interval: got %q, want %q", got, want)
+	}
+}
+
+// TestActivity_takeCapped has 5,000 tenants active in one interval, 3 of them busier than
+// the rest: with 3 lines at most, those 3 get a line, sorted by name, and one line sums up
+// the other 4,997.
+func TestActivity_takeCapped(t *testing.T) {
+	t.Parallel()
+	a := newActivity()
+	ctx := context.Background()
+	for i := range 5000 {
+		key := throttle.Key{TaskType: "api:call", Tenant: fmt.Sprintf("t%04d", i)}
+		a.decided(ctx, nil, key, throttle.Decision{Allowed: true})
+		a.decided(ctx, nil, key, throttle.Decision{})
+		if i == 4000 || i == 17 || i == 2500 {
+			a.decided(ctx, nil, key, throttle.Decision{})
+		}
+	}
+	want := []string{
+		`api:call tenant="t0017" ran=1 throttled=2`,
+		`api:call tenant="t2500" ran=1 throttled=2`,
+		`api:call tenant="t4000" ran=1 throttled=2`,
+		`... and 4997 more (task type, tenant) pairs: ran=4997 throttled=4997`,
+	}
+	if got := a.take(3); !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q\nwant %q", got, want)
+	}
+	// Ties are broken by name: with all equal, the first in name order get the lines.
+	for _, tenant := range []string{"c", "a", "b"} {
+		a.decided(ctx, nil, throttle.Key{TaskType: "x", Tenant: tenant}, throttle.Decision{Allowed: true})
+	}
+	want = []string{`x tenant="a" ran=1 throttled=0`, `... and 2 more (task type, tenant) pairs: ran=2 throttled=0`}
+	if got := a.take(1); !reflect.DeepEqual(got, want) {
+		t.Errorf("ties: got %q\nwant %q", got, want)
+	}
+}
+
+// TestLogged checks how tenants and task types are written into a log line: quoted, cut
+// to maxLoggedBytes at a character boundary, with the full length after a cut.
+func TestLogged(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		s     string
+		quote bool
+		want  string
+	}{
+		{"acme", true, `"acme"`},
+		{"api:call", false, `api:call`},
+		{"", false, `""`},
+		{"two words", false, `"two words"`},
+		{"line\nbreak", true, `"line\nbreak"`},
+		{"bad\xffbyte", false, `"bad\xffbyte"`},
+		{strings.Repeat("x", 64), true, `"` + strings.Repeat("x", 64) + `"`},
+		{strings.Repeat("x", 10240), true, `"` + strings.Repeat("x", 64) + `"...(10240 bytes)`},
+		{strings.Repeat("x", 65), false, strings.Repeat("x", 64) + `...(65 bytes)`},
+		// 'a' then 2-byte characters: byte 64 is inside the 32nd é, which is left out.
+		{"a" + strings.Repeat("é", 40), true, `"a` + strings.Repeat("é", 31) + `"...(81 bytes)`},
+		// a newline past the cut does not reach the line
+		{strings.Repeat("x", 64) + "\nINJECTED", false, strings.Repeat("x", 64) + `...(73 bytes)`},
+	}
+	for _, tc := range tests {
+		if got := logged(tc.s, tc.quote); got != tc.want {
+			t.Errorf("logged(%.30q, %t) = %s, want %s", tc.s, tc.quote, got, tc.want)
+		}
 	}
 }
 
@@ -70,8 +135,8 @@ func TestActivity_handler(t *testing.T) {
 	if err := h.ProcessTask(ctx, task("fail")); !errors.Is(err, fail) {
 		t.Errorf("handler error = %v, want %v", err, fail)
 	}
-	want := []string{"report:build tenant=acme ran=3 throttled=0 failed=1"}
-	if got := a.take(); !reflect.DeepEqual(got, want) {
+	want := []string{`report:build tenant="acme" ran=3 throttled=0 failed=1`}
+	if got := a.take(20); !reflect.DeepEqual(got, want) {
 		t.Errorf("got %q, want %q", got, want)
 	}
 }

@@ -16,7 +16,8 @@ var envVars = []string{
 	"WORKER_QUEUES", "WORKER_CONCURRENCY", "WORKER_FORWARDER_INTERVAL", "THROTTLE_RULES",
 	"THROTTLE_TENANT_HEADER", "THROTTLE_PREFIX", "DEMO_API_URL", "WORKER_WORK_TIME",
 	"WORKER_LOG_INTERVAL", "THROTTLE_CLOCK", "THROTTLE_MAX_SKEW", "THROTTLE_FAIL_OPEN",
-	"METRICS_ADDR", "REDIS_ADDR", "REDIS_MASTER_NAME", "REDIS_PASSWORD", "REDIS_DB",
+	"METRICS_ADDR", "METRICS_TENANT_LABEL", "METRICS_MAX_TENANTS", "WORKER_LOG_MAX_LINES",
+	"REDIS_ADDR", "REDIS_MASTER_NAME", "REDIS_PASSWORD", "REDIS_DB",
 }
 
 // clearEnv unsets every variable the worker reads, for this test only, then sets kv
@@ -53,7 +54,10 @@ func TestLoadConfig_defaults(t *testing.T) {
 		Clock:        "local",
 		MaxSkew:      time.Second,
 		LogInterval:  time.Second,
+		LogMaxLines:  20,
 		Redis:        redisenv.Config{Addr: "127.0.0.1:6379"},
+
+		MetricsMaxTenants: 100,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", got, want)
@@ -75,6 +79,9 @@ func TestLoadConfig_allSet(t *testing.T) {
 		"THROTTLE_MAX_SKEW", "250ms",
 		"THROTTLE_FAIL_OPEN", "true",
 		"METRICS_ADDR", "127.0.0.1:9090",
+		"METRICS_TENANT_LABEL", "true",
+		"METRICS_MAX_TENANTS", "7",
+		"WORKER_LOG_MAX_LINES", "3",
 		"REDIS_ADDR", "127.0.0.1:7000",
 		"REDIS_DB", "5",
 	)
@@ -102,7 +109,11 @@ func TestLoadConfig_allSet(t *testing.T) {
 		FailOpen:     true,
 		MetricsAddr:  "127.0.0.1:9090",
 		LogInterval:  5 * time.Second,
+		LogMaxLines:  3,
 		Redis:        redisenv.Config{Addr: "127.0.0.1:7000", DB: 5},
+
+		MetricsTenantLabel: true,
+		MetricsMaxTenants:  7,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got  %+v\nwant %+v", got, want)
@@ -140,9 +151,16 @@ func TestLoadConfig_malformed(t *testing.T) {
 		{"WORKER_CONCURRENCY", "0", `must be at least 1`},
 		{"WORKER_CONCURRENCY", "-4", `must be at least 1`},
 		{"WORKER_FORWARDER_INTERVAL", "1", `not a Go duration such as 1s`},
-		{"WORKER_FORWARDER_INTERVAL", "0s", `must be positive`},
+		{"WORKER_FORWARDER_INTERVAL", "0s", `must be at least 100ms: each interval runs a Redis script per queue`},
+		{"WORKER_FORWARDER_INTERVAL", "1ns", `must be at least 100ms: each interval runs a Redis script per queue`},
+		{"WORKER_FORWARDER_INTERVAL", "99ms", `must be at least 100ms: `},
 		{"WORKER_LOG_INTERVAL", "fast", `not a Go duration such as 1s`},
-		{"WORKER_LOG_INTERVAL", "0", `must be positive`},
+		{"WORKER_LOG_INTERVAL", "0", `must be at least 100ms: shorter intervals flood the log`},
+		{"WORKER_LOG_INTERVAL", "1ns", `must be at least 100ms: shorter intervals flood the log`},
+		{"WORKER_LOG_MAX_LINES", "0", `must be at least 1`},
+		{"WORKER_LOG_MAX_LINES", "many", `not an integer`},
+		{"METRICS_TENANT_LABEL", "yes please", `not a boolean (true or false)`},
+		{"METRICS_MAX_TENANTS", "0", `must be at least 1`},
 		{"WORKER_WORK_TIME", "-1ms", `must not be negative`},
 		{"WORKER_QUEUES", "default", `queue "default": want queue:priority`},
 		{"WORKER_QUEUES", "default:high", `queue "default": priority "high" is not an integer >= 1`},
@@ -193,5 +211,46 @@ func TestRules_Decode(t *testing.T) {
 		{Scope: throttle.ScopeTenant, Limit: throttle.PerMinute(10)}}}}
 	if !reflect.DeepEqual(r, want) || r[0].String() != "email:send tenant=100/1h tenant=10/1m" {
 		t.Errorf("got %v", r)
+	}
+}
+
+// TestLoadConfig_bounds checks that each lower bound itself is accepted.
+func TestLoadConfig_bounds(t *testing.T) {
+	clearEnv(t, "WORKER_FORWARDER_INTERVAL", "100ms", "WORKER_LOG_INTERVAL", "100ms",
+		"WORKER_LOG_MAX_LINES", "1", "METRICS_MAX_TENANTS", "1", "METRICS_ADDR", ":9090")
+	c, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ForwarderInterval != 100*time.Millisecond || c.LogInterval != 100*time.Millisecond ||
+		c.LogMaxLines != 1 || c.MetricsMaxTenants != 1 || c.MetricsAddr != ":9090" {
+		t.Errorf("got %+v", c)
+	}
+}
+
+// TestRedisUsage_matchesRedisenv checks that the -h descriptions of the REDIS_* variables
+// name exactly the variables redisenv.Config reads, in its order, with its defaults.
+func TestRedisUsage_matchesRedisenv(t *testing.T) {
+	type tags struct{ key, def string }
+	read := func(v any) []tags {
+		var out []tags
+		rt := reflect.TypeOf(v)
+		for i := range rt.NumField() {
+			f := rt.Field(i)
+			if key := f.Tag.Get("envconfig"); key != "" {
+				out = append(out, tags{key, f.Tag.Get("default")})
+			}
+		}
+		return out
+	}
+	got, want := read(redisUsage{}), read(redisenv.Config{})
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("redisUsage variables %v, want redisenv.Config's %v", got, want)
+	}
+	rt := reflect.TypeOf(redisUsage{})
+	for i := range rt.NumField() {
+		if rt.Field(i).Tag.Get("desc") == "" {
+			t.Errorf("redisUsage.%s has no desc", rt.Field(i).Name)
+		}
 	}
 }

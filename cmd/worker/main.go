@@ -1,14 +1,20 @@
 // Command worker is an asynq worker whose tasks are throttled per tenant and per task type
 // by THROTTLE_RULES. Every task, of any type, goes to one demo handler that POSTs it to
 // DEMO_API_URL or, if that is unset, sleeps WORKER_WORK_TIME. Every WORKER_LOG_INTERVAL it
-// logs, for each task type and tenant with activity, how many tasks ran and how many were
-// throttled:
+// logs, for each task type and tenant with activity (the WORKER_LOG_MAX_LINES busiest, and
+// one line for the rest), how many tasks ran and how many were throttled:
 //
-//	2026/11/30 05:01:02 api:call tenant=acme ran=5 throttled=12
+//	2026/11/30 05:01:02 api:call tenant="acme" ran=5 throttled=12
+//	2026/11/30 05:01:02 ... and 4980 more (task type, tenant) pairs: ran=4980 throttled=9960
+//
+// With METRICS_ADDR set it serves Prometheus metrics (package worker's, see
+// worker.NewMetricsWithConfig, and Go's runtime and process metrics) at /metrics.
 //
 // It is configured by environment variables only; `worker -h` lists them with their
-// defaults. A malformed variable is reported on stderr, naming it, with exit status 2.
-// SIGINT or SIGTERM shuts it down gracefully (a second one kills it).
+// defaults and meaning. Exit status: 0 after a shutdown by SIGINT or SIGTERM (a second
+// one kills it); 1 if Redis does not answer within 5s at start, or asynq cannot start; 2
+// for a malformed variable (reported on stderr, naming it), an argument, or a
+// METRICS_ADDR it cannot listen on.
 package main
 
 import (
@@ -34,7 +40,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 	"github.com/asynq-throttle/asynq-throttle/worker"
 )
@@ -105,7 +110,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cfg.MetricsAddr != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		if metrics, err = worker.NewMetrics(reg); err != nil {
+		mcfg := worker.MetricsConfig{TenantLabel: cfg.MetricsTenantLabel, MaxTenants: cfg.MetricsMaxTenants}
+		if metrics, err = worker.NewMetricsWithConfig(reg, mcfg); err != nil {
 			fmt.Fprintf(stderr, "worker: %v\n", err)
 			return exitError
 		}
@@ -177,7 +183,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			srv.Shutdown() // waits for running tasks (asynq's ShutdownTimeout, 8s)
 			done = true
 		}
-		for _, line := range act.take() {
+		for _, line := range act.take(cfg.LogMaxLines) {
 			logger.Print(line)
 		}
 	}
@@ -191,10 +197,12 @@ func usage(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "VARIABLE\tDEFAULT\tMEANING")
 	_ = envconfig.Usagef("", &Config{}, tw, usageFormat)
-	_ = envconfig.Usagef("", &redisenv.Config{}, tw, usageFormat)
+	_ = envconfig.Usagef("", &redisUsage{}, tw, usageFormat)
 	_ = tw.Flush()
-	fmt.Fprintf(w, "\nREDIS_ADDR is host:port; a comma-separated list means Redis Cluster nodes, or Sentinels\n"+
-		"when REDIS_MASTER_NAME is set. Example: THROTTLE_RULES='api:call tenant=5/2s type=20/1s; email:send tenant=100/1h'\n")
+	fmt.Fprintf(w, "\nDurations are Go durations (500ms, 2s, 1h). Example:\n"+
+		"  THROTTLE_RULES='api:call tenant=5/2s type=20/1s; email:send tenant=100/1h' METRICS_ADDR=:9090 worker\n"+
+		"\nExit status: 0 after a shutdown by SIGINT or SIGTERM; 1 if Redis does not answer within %s at start\n"+
+		"or asynq cannot start; 2 for a malformed variable, an argument, or a METRICS_ADDR it cannot listen on.\n", redisPingTimeout)
 }
 
 const usageFormat = "{{range .}}{{usage_key .}}\t{{usage_default .}}\t{{usage_description .}}\n{{end}}"

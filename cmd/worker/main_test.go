@@ -69,9 +69,18 @@ func TestRun_help(t *testing.T) {
 	if code := run(context.Background(), []string{"-h"}, &stdout, &stderr); code != 0 {
 		t.Errorf("exit status %d, want 0", code)
 	}
+	// Each variable has a line of its own: name, default (maybe none), and a meaning.
 	for _, name := range envVars {
-		if !strings.Contains(stderr.String(), "\n"+name+" ") {
-			t.Errorf("usage does not list %s:\n%s", name, stderr.String())
+		line := regexp.MustCompile(`\n` + name + ` +(\S+ +)?(\S.*)\n`).FindStringSubmatch(stderr.String())
+		if line == nil || len(line[2]) < 20 {
+			t.Errorf("usage does not explain %s:\n%s", name, stderr.String())
+		}
+	}
+	for _, want := range []string{`\nREDIS_ADDR +127\.0\.0\.1:6379 +host:port of Redis; `,
+		`\nREDIS_PASSWORD +password of the Redis data nodes`,
+		`\nExit status: 0 after a shutdown by SIGINT or SIGTERM; 1 if Redis does not answer within 5s at start`} {
+		if !regexp.MustCompile(want).MatchString(stderr.String()) {
+			t.Errorf("usage does not match %q:\n%s", want, stderr.String())
 		}
 	}
 }
@@ -90,7 +99,7 @@ func TestRun_redisDownExits1(t *testing.T) {
 }
 
 // activityLine matches a per-interval line of the worker's log.
-var activityLine = regexp.MustCompile(`^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (\S+) tenant=(\S+) ran=(\d+) throttled=(\d+)( failed=\d+)?$`)
+var activityLine = regexp.MustCompile(`^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (\S+) tenant="(\S+)" ran=(\d+) throttled=(\d+)( failed=\d+)?$`)
 
 // TestRun_endToEnd runs the worker against a throwaway redis-server with
 // "api:call tenant=5/1s" and 3 tenants x 20 tasks: all 60 complete, none is archived or
