@@ -1,0 +1,232 @@
+// Command callgrind counts the instructions redis-server runs per call, under valgrind's
+// callgrind, for the rows of the throttle benchmark (BenchmarkLimiter_Allow): PING, the
+// seed's plain script and Limiter.Allow in cases (a) to (e), one caller, explicit times.
+// Counts are repeatable whatever else the machine runs, unlike the benchmark's CPU times;
+// they leave out the kernel's share of a call (its read and write), so their ratios to the
+// seed's are higher than the benchmark's CPU ratios. Run it from the module root, with
+// valgrind and redis-server on PATH:
+//
+//	go run ./internal/callgrind -n 300 -backlog 3000
+//
+// -only a,d runs PING, the seed rows and the named cases only. It prints instructions per
+// call and their ratios to the matching seed row and to PING.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynq-throttle/asynq-throttle/lua"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+var (
+	calls   = flag.Int("n", 400, "calls per case")
+	backlog = flag.Int("backlog", 10000, "reservations waiting on the type log of case e")
+	only    = flag.String("only", "", "comma-separated cases to run (a-e); empty: all")
+	dir     = flag.String("dir", filepath.Join(os.TempDir(), "callgrind-throttle"), "directory for callgrind's dumps (emptied first)")
+)
+
+func main() {
+	flag.Parse()
+	os.RemoveAll(*dir)
+	os.MkdirAll(*dir, 0o755)
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cmd := exec.Command("valgrind", "--tool=callgrind", "--callgrind-out-file="+*dir+"/cg.%p",
+		"redis-server", "--port", strconv.Itoa(port), "--save", "", "--appendonly", "no")
+	cmd.Stderr, cmd.Stdout = nil, nil
+	if err := cmd.Start(); err != nil {
+		log.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	for i := 0; ; i++ {
+		if rdb.Ping(ctx).Err() == nil {
+			break
+		}
+		if i > 600 {
+			log.Fatal("redis-server under valgrind did not answer PING within a minute")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// The limiter's clock: fixed (a hot key denies every timed call) or moved 1 ms a call.
+	// MaxSkew so wide that the script still reads TIME before a write, as Allow does by
+	// default, but never falls back to it.
+	var clock atomic.Int64
+	clock.Store(1_800_000_000_000)
+	lim, err := throttle.New(rdb, throttle.Config{MaxSkew: 100000 * time.Hour, NowFunc: func() time.Time { return time.UnixMilli(clock.Load()) }})
+	if err != nil {
+		log.Fatal(err)
+	}
+	seedSrc, err := os.ReadFile("throttle/testdata/seed_sliding_window.lua")
+	if err != nil {
+		log.Fatalf("%v (run from the module root)", err)
+	}
+	seed := redis.NewScript(string(seedSrc))
+	seed.Load(ctx, rdb)
+	lua.SlidingWindow.Load(ctx, rdb)
+	pid := cmd.Process.Pid
+	measure := func(name string, call func(i int)) float64 {
+		if err := exec.Command("callgrind_control", "-z", strconv.Itoa(pid)).Run(); err != nil {
+			log.Fatalf("callgrind_control -z: %v", err)
+		}
+		for i := 0; i < *calls; i++ {
+			call(i)
+		}
+		if err := exec.Command("callgrind_control", "-d", name, strconv.Itoa(pid)).Run(); err != nil {
+			log.Fatalf("callgrind_control -d: %v", err)
+		}
+		files, _ := filepath.Glob(*dir + "/cg.*")
+		var newest string
+		var mt time.Time
+		for _, f := range files {
+			st, _ := os.Stat(f)
+			if st.ModTime().After(mt) {
+				mt, newest = st.ModTime(), f
+			}
+		}
+		b, _ := os.ReadFile(newest)
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "summary:") || strings.HasPrefix(line, "totals:") {
+				n, _ := strconv.ParseFloat(strings.TrimSpace(strings.SplitN(line, ":", 2)[1]), 64)
+				return n / float64(*calls)
+			}
+		}
+		log.Fatalf("no totals in %s", newest)
+		return 0
+	}
+	must := func(d throttle.Decision, err error) throttle.Decision {
+		if err != nil {
+			log.Fatal(err)
+		}
+		return d
+	}
+	tq := func(n int, w time.Duration) throttle.Quota {
+		return throttle.Quota{Scope: throttle.ScopeTenant, Limit: throttle.Limit{Events: n, Window: w}}
+	}
+	yq := func(n int, w time.Duration) throttle.Quota {
+		return throttle.Quota{Scope: throttle.ScopeType, Limit: throttle.Limit{Events: n, Window: w}}
+	}
+	tenants := make([]string, 10000)
+	for i := range tenants {
+		tenants[i] = "t" + strconv.Itoa(i)
+	}
+	res := map[string]float64{}
+	order := []string{}
+	want := func(n string) bool {
+		return *only == "" || strings.Contains(","+*only+",", ","+n+",") || n == "ping" || strings.HasPrefix(n, "seed")
+	}
+	run := func(name string, prep func(), call func(i int)) {
+		if !want(name) {
+			return
+		}
+		if prep != nil {
+			prep()
+		}
+		res[name] = measure(name, call)
+		order = append(order, name)
+	}
+	run("ping", nil, func(int) { rdb.Ping(ctx) })
+	seedCall := func(key string, limit int) {
+		if err := seed.Run(ctx, rdb, []string{key}, clock.Load(), 1000, limit, throttle.NewMember()).Err(); err != nil {
+			log.Fatal(err)
+		}
+	}
+	run("seed_hot", func() {
+		for i := 0; i < 100; i++ {
+			seedCall("seed:hot", 100)
+		}
+	}, func(int) { seedCall("seed:hot", 100) })
+	run("seed_10k", func() {
+		for i := 0; i < 10000; i++ {
+			seedCall("seed:"+tenants[i], 1e9)
+		}
+	}, func(i int) { clock.Add(1); seedCall("seed:"+tenants[i%10000], 1e9) })
+	hot := throttle.Request{Key: throttle.Key{TaskType: "hot", Tenant: "hot"}, Quotas: []throttle.Quota{tq(100, time.Second)}}
+	run("a", func() {
+		for i := 0; i < 100; i++ {
+			must(lim.Allow(ctx, hot))
+		}
+	}, func(int) {
+		if must(lim.Allow(ctx, hot)).Allowed {
+			log.Fatalf("case a admitted: a wrong outcome")
+		}
+	})
+	huge := []throttle.Quota{tq(1e9, time.Second)}
+	run("b", func() {
+		for i := 0; i < 10000; i++ {
+			must(lim.Allow(ctx, throttle.Request{Key: throttle.Key{TaskType: "10k", Tenant: tenants[i]}, Quotas: huge}))
+		}
+	}, func(i int) {
+		clock.Add(1)
+		if !must(lim.Allow(ctx, throttle.Request{Key: throttle.Key{TaskType: "10k", Tenant: tenants[i%10000]}, Quotas: huge})).Allowed {
+			log.Fatalf("case b denied: a wrong outcome")
+		}
+	})
+	q3 := []throttle.Quota{tq(1e9, time.Second), tq(1e9, time.Hour), yq(1e9, time.Second)}
+	run("c", func() {
+		for i := 0; i < 10000; i++ {
+			must(lim.Allow(ctx, throttle.Request{Key: throttle.Key{TaskType: "3q", Tenant: tenants[i]}, Quotas: q3}))
+		}
+	}, func(i int) {
+		clock.Add(1)
+		if !must(lim.Allow(ctx, throttle.Request{Key: throttle.Key{TaskType: "3q", Tenant: tenants[i%10000]}, Quotas: q3})).Allowed {
+			log.Fatalf("case c denied: a wrong outcome")
+		}
+	})
+	rk := throttle.Key{TaskType: "reserve", Tenant: "hot"}
+	run("d", func() {
+		for i := 0; i < 100; i++ {
+			must(lim.Allow(ctx, throttle.Request{Key: rk, Quotas: hot.Quotas}))
+		}
+		for i := 0; i < 2000; i++ {
+			must(lim.Allow(ctx, throttle.Request{Key: rk, Quotas: hot.Quotas, Reservation: "p" + strconv.Itoa(i)}))
+		}
+	}, func(i int) {
+		clock.Add(1)
+		if !must(lim.Allow(ctx, throttle.Request{Key: rk, Quotas: hot.Quotas, Reservation: "d" + strconv.Itoa(i)})).Reserved {
+			log.Fatalf("case d not reserved: a wrong outcome")
+		}
+	})
+	yq1000 := []throttle.Quota{yq(1000, time.Second)}
+	next := 0
+	ereq := func() throttle.Request {
+		next++
+		return throttle.Request{Key: throttle.Key{TaskType: "backlog", Tenant: tenants[next%100]}, Quotas: yq1000, Reservation: "e" + strconv.Itoa(next)}
+	}
+	run("e", func() {
+		for r := 0; r < *backlog; {
+			if must(lim.Allow(ctx, ereq())).Reserved {
+				r++
+			}
+		}
+	}, func(i int) {
+		clock.Add(1)
+		if !must(lim.Allow(ctx, ereq())).Reserved {
+			log.Fatalf("case e not reserved: a wrong outcome")
+		}
+	})
+	fmt.Printf("%-10s %10s %8s %8s\n", "case", "Ir/call", "x_seed", "x_ping")
+	for _, n := range order {
+		ref := "seed_hot"
+		if n == "b" || n == "c" || n == "seed_10k" {
+			ref = "seed_10k"
+		}
+		fmt.Printf("%-10s %10.0f %8.2f %8.2f\n", n, res[n], res[n]/res[ref], res[n]/res["ping"])
+	}
+}
