@@ -58,6 +58,10 @@ func FuzzParseRules(f *testing.F) {
 		"x tenant=1/1s max-delay=",
 		"x tenant=1/1s overdue=later",
 		"x overdue=run",
+		"x tenant=5/1s tenant=3/1s",
+		"x tenant=5/1s type=5/1s tenant=5/1000ms",
+		"x tenant=5/1s type=5/1s",
+		"x tenant=5/1s tenant=5/1h",
 		"\xff tenant=1/1s",
 		"x tenant=1/1s; \xff",
 	} {

@@ -117,7 +117,8 @@ func (r Rule) String() string {
 }
 
 // Validate returns an error unless r names a task type and has at least one quota, each
-// valid (throttle.Quota.Validate).
+// valid (throttle.Quota.Validate), no two of them at one scope with the same window (the
+// larger would never decide), MaxDelay is not negative, and Overdue is known.
 func (r Rule) Validate() error {
 	if r.TaskType == "" {
 		return fmt.Errorf("worker: rule %q: empty task type", r)
@@ -130,11 +131,32 @@ func (r Rule) Validate() error {
 			return fmt.Errorf("worker: rule %q: %w", r, err)
 		}
 	}
+	if err := checkWindows(r.Quotas); err != nil {
+		return fmt.Errorf("worker: rule %q: %w", r, err)
+	}
 	if r.MaxDelay < 0 {
 		return fmt.Errorf("worker: rule %q: negative MaxDelay %s", r, r.MaxDelay)
 	}
 	if r.Overdue > OverdueDrop {
 		return fmt.Errorf("worker: rule %q: unknown Overdue %d", r, r.Overdue)
+	}
+	return nil
+}
+
+// checkWindows returns an error naming the first two quotas at one scope with the same
+// window: of the two, only the smaller limit can ever decide, so the rule does not say
+// what its author meant.
+func checkWindows(quotas []throttle.Quota) error {
+	for i, q := range quotas {
+		for _, p := range quotas[:i] {
+			if p.Scope == q.Scope && p.Limit.Window == q.Limit.Window {
+				keep := p
+				if q.Limit.Events < p.Limit.Events {
+					keep = q
+				}
+				return fmt.Errorf("quotas %s and %s have the same scope and window, so only the smaller ever decides; keep one (%s)", p, q, keep)
+			}
+		}
 	}
 	return nil
 }
@@ -151,8 +173,9 @@ func (r Rule) Validate() error {
 //
 // Empty rules (a trailing ';') and extra spaces are ignored; an empty s gives no rules.
 // The error names the rule (its 1-based position and text) and the offending part: a rule
-// without quotas, a quota without '=', an unknown scope, a limit ParseLimit rejects, or a
-// task type given twice.
+// without quotas, a quota without '=', an unknown scope, a limit ParseLimit rejects, two
+// quotas at one scope with the same window, an option given twice, or a task type given
+// twice.
 func ParseRules(s string) ([]Rule, error) {
 	var rules []Rule
 	seen := map[string]int{}
@@ -212,6 +235,9 @@ func ParseRules(s string) ([]Rule, error) {
 		}
 		if len(r.Quotas) == 0 {
 			return nil, fmt.Errorf("worker: %s: task type %q has no quota; want e.g. %q", where, r.TaskType, r.TaskType+" tenant=5/2s")
+		}
+		if err := checkWindows(r.Quotas); err != nil {
+			return nil, fmt.Errorf("worker: %s: %w", where, err)
 		}
 		if prev, ok := seen[r.TaskType]; ok {
 			return nil, fmt.Errorf("worker: %s: task type %q already has rule %d; put all its quotas in one rule", where, r.TaskType, prev)
