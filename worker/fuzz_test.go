@@ -62,6 +62,11 @@ func FuzzParseRules(f *testing.F) {
 		"x tenant=5/1s type=5/1s tenant=5/1000ms",
 		"x tenant=5/1s type=5/1s",
 		"x tenant=5/1s tenant=5/1h",
+		"x tenant=1/1s mode=shadow",
+		"x tenant=1/1s mode=enforce",
+		"x tenant=1/1s mode=shadow mode=shadow",
+		"x tenant=1/1s mode=",
+		"x mode=shadow",
 		"\xff tenant=1/1s",
 		"x tenant=1/1s; \xff",
 	} {

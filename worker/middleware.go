@@ -181,6 +181,7 @@ type middleware struct {
 	observe      func(context.Context, *asynq.Task, throttle.Key, throttle.Decision)
 	now          func() time.Time
 	skewLog      rate.Sometimes
+	shadowLog    shadowLogger
 }
 
 // New returns asynq middleware that decides each task of a ruled type against lim before
@@ -214,6 +215,7 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 		observe:   cfg.DecisionFunc,
 		now:       time.Now,
 		skewLog:   rate.Sometimes{First: 1, Interval: time.Minute},
+		shadowLog: shadowLogger{unavailable: rate.Sometimes{First: 1, Interval: time.Minute}},
 	}
 	if m.header == "" {
 		m.header = producer.TenantHeader
@@ -272,8 +274,8 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 type decisionKey struct{}
 
 // DecisionFrom returns the admission Decision of the task whose handler got ctx, and
-// false if the task ran without one: no rule for its type, or run unthrottled by
-// FailOpen or overdue=run.
+// false if the task ran without one: no rule for its type, run unthrottled by FailOpen or
+// overdue=run, or run by a shadow rule (ModeShadow) that would have held it back.
 func DecisionFrom(ctx context.Context) (throttle.Decision, bool) {
 	d, ok := ctx.Value(decisionKey{}).(throttle.Decision)
 	return d, ok
@@ -287,6 +289,9 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 	}
 	rule := eff.Rule
 	cost, err := rule.cost(task)
+	if rule.Mode == ModeShadow {
+		return m.shadow(ctx, task, next, key, eff, cost, err)
+	}
 	if err != nil {
 		return m.reject(ctx, key, rule, err)
 	}

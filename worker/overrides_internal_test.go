@@ -61,3 +61,31 @@ func TestRequestWeight(t *testing.T) {
 		}
 	}
 }
+
+// TestShadowLogger: one line per task type per interval, the next one counting those not
+// logged in between; task types are limited apart.
+func TestShadowLogger(t *testing.T) {
+	t.Parallel()
+	var l shadowLogger
+	t0 := time.UnixMilli(1_000_000)
+	steps := []struct {
+		taskType    string
+		at          time.Duration
+		wantOK      bool
+		wantSkipped int
+	}{
+		{"a", 0, true, 0},
+		{"a", 10 * time.Millisecond, false, 0},
+		{"b", 20 * time.Millisecond, true, 0},
+		{"a", 999 * time.Millisecond, false, 0},
+		{"a", time.Second, true, 2},
+		{"a", time.Second, false, 0},
+		{"a", 3 * time.Second, true, 1},
+	}
+	for i, s := range steps {
+		skipped, ok := l.take(s.taskType, t0.Add(s.at))
+		if ok != s.wantOK || skipped != s.wantSkipped {
+			t.Errorf("step %d (%s at %s): take = %d, %t; want %d, %t", i, s.taskType, s.at, skipped, ok, s.wantSkipped, s.wantOK)
+		}
+	}
+}

@@ -29,7 +29,7 @@ func mustEntries(t *testing.T, s string) []worker.TenantLimits {
 // each on their own; type= quotas always stay the rule's.
 func TestOverrides_Effective(t *testing.T) {
 	t.Parallel()
-	defaults := mustRules(t, "api:call tenant=5/2s type=20/1s; email:send tenant=100/1h")
+	defaults := mustRules(t, "api:call tenant=5/2s type=20/1s; email:send tenant=100/1h; shadow:job tenant=1/1s mode=shadow")
 	o := &worker.Overrides{
 		Version: 7,
 		Types:   map[string]worker.Rule{"email:send": mustRules(t, "email:send tenant=200/1h")[0], "new:type": mustRules(t, "new:type type=3/1s")[0]},
@@ -66,6 +66,9 @@ func TestOverrides_Effective(t *testing.T) {
 			RuleFrom: worker.SourceTypeOverride, QuotasFrom: `tier "pro"`, WeightFrom: `tier "pro"`}},
 		{"new:type", "initech", worker.Effective{Rule: mustRules(t, "new:type type=3/1s")[0], Weight: 1, Tier: "free",
 			RuleFrom: worker.SourceTypeOverride, QuotasFrom: worker.SourceTypeOverride, WeightFrom: `tier "free"`}},
+		// The mode is the rule's.
+		{"shadow:job", "globex", worker.Effective{Rule: mustRules(t, "shadow:job tenant=50/1s mode=shadow")[0], Weight: 3, Tier: "pro",
+			RuleFrom: worker.SourceDefault, QuotasFrom: `tier "pro"`, WeightFrom: `tier "pro"`}},
 	}
 	for _, tc := range tests {
 		got, ok := o.Effective(defaults, throttle.Key{TaskType: tc.taskType, Tenant: tc.tenant})

@@ -33,8 +33,11 @@ func TestParseRules(t *testing.T) {
 			{TaskType: "report", Quotas: []throttle.Quota{tenant(10, time.Second), tenant(500, time.Hour)}},
 		}},
 		// One window at two scopes is two logs: both decide.
-		{in: "x tenant=5/1s type=3/1s", want: []worker.Rule{
-			{TaskType: "x", Quotas: []throttle.Quota{tenant(5, time.Second), typ(3, time.Second)}},
+		{in: "x tenant=5/1s type=3/1s mode=shadow", want: []worker.Rule{
+			{TaskType: "x", Quotas: []throttle.Quota{tenant(5, time.Second), typ(3, time.Second)}, Mode: worker.ModeShadow},
+		}},
+		{in: "x tenant=5/1s mode=enforce", want: []worker.Rule{
+			{TaskType: "x", Quotas: []throttle.Quota{tenant(5, time.Second)}, Mode: worker.ModeEnforce},
 		}},
 	}
 	for _, tc := range tests {
@@ -73,6 +76,8 @@ func TestParseRules_errorsNameTheRule(t *testing.T) {
 		{in: "a tenant=1/1s max-delay=1m max-delay=2m", want: []string{`"max-delay=2m"`, "want one max-delay"}},
 		{in: "a tenant=1/1s overdue=maybe", want: []string{`"overdue=maybe"`, "want overdue=archive, overdue=run or overdue=drop"}},
 		{in: "a tenant=1/1s overdue=run overdue=drop", want: []string{`"overdue=drop"`, "given twice"}},
+		{in: "a tenant=1/1s mode=dry", want: []string{`rule 1 "a tenant=1/1s mode=dry"`, `"mode=dry"`, "want mode=enforce or mode=shadow"}},
+		{in: "a tenant=1/1s mode=shadow mode=enforce", want: []string{`"mode=enforce"`, "mode= is given twice"}},
 		// Two quotas at one scope with one window: only the smaller could ever decide.
 		{in: "a type=9/1m; b tenant=5/1s tenant=3/1s", want: []string{
 			`worker: rule 2 "b tenant=5/1s tenant=3/1s": quotas tenant=5/1s and tenant=3/1s have the same scope and window, so only the smaller ever decides; keep one (tenant=3/1s)`}},
@@ -100,6 +105,7 @@ func TestRule_String_roundTrips(t *testing.T) {
 		"llm:complete tenant=40000/1m cost=header:tokens",
 		"report:build tenant=2/1m max-delay=30m0s overdue=drop",
 		"x tenant=1/1s overdue=run",
+		"x tenant=1/1s type=1/1s mode=shadow",
 	} {
 		rules, err := worker.ParseRules(in)
 		if err != nil {
@@ -138,5 +144,8 @@ func TestRule_Validate_sameWindow(t *testing.T) {
 	r.Quotas = r.Quotas[:2]
 	if err := r.Validate(); err != nil {
 		t.Errorf("Validate() of one window at two scopes: %v", err)
+	}
+	if err := (worker.Rule{TaskType: "x", Quotas: r.Quotas, Mode: 7}).Validate(); err == nil || !strings.Contains(err.Error(), "unknown Mode 7") {
+		t.Errorf("Validate() of Mode 7 = %v, want unknown Mode 7", err)
 	}
 }
