@@ -58,6 +58,15 @@ func FuzzParseRules(f *testing.F) {
 		"x tenant=1/1s max-delay=",
 		"x tenant=1/1s overdue=later",
 		"x overdue=run",
+		"x tenant=5/1s tenant=3/1s",
+		"x tenant=5/1s type=5/1s tenant=5/1000ms",
+		"x tenant=5/1s type=5/1s",
+		"x tenant=5/1s tenant=5/1h",
+		"x tenant=1/1s mode=shadow",
+		"x tenant=1/1s mode=enforce",
+		"x tenant=1/1s mode=shadow mode=shadow",
+		"x tenant=1/1s mode=",
+		"x mode=shadow",
 		"\xff tenant=1/1s",
 		"x tenant=1/1s; \xff",
 	} {
@@ -120,4 +129,74 @@ func checkParseError(t *testing.T, s string, err error) {
 		return
 	}
 	t.Fatalf("ParseRules(%q) fails (%v) but every prefix of its rules parses", s, err)
+}
+
+// FuzzParseTenantLimits checks ParseTenantLimits on any text as FuzzParseRules checks
+// ParseRules: no panic; what it accepts is valid, has only tenant= quotas, and prints
+// (FormatTenantLimits) back to the same entries; what it rejects it rejects with an error
+// that starts with "worker: " and names the first entry that fails. More seeds are in
+// testdata/fuzz/FuzzParseTenantLimits.
+func FuzzParseTenantLimits(f *testing.F) {
+	for _, s := range []string{
+		"",
+		" ; ;",
+		"tenant=50/1s weight=3",
+		"api:call tenant=50/1s weight=3; email:send tenant=1000/1h",
+		"tenant=10/1s; report:build tenant=1/1m",
+		"weight=1000000",
+		"weight=1000001",
+		"weight=0",
+		"weight=3 weight=4",
+		"weight=x",
+		"api:call",
+		"api:call type=5/1s",
+		"tenant=5/1s tenant=3/1s",
+		"tenant=5/1s tenant=5/1h",
+		"tenant=5/1s; tenant=6/1s",
+		"a weight=2; a tenant=1/1s",
+		"a tenant=1/1s cost=header:n",
+		"a tenant=1/1s mode=shadow",
+		"a tenant=1/1s max-delay=1m",
+		"a tenant=1/1s overdue=run",
+		"a user=1/1s",
+		"a tenant=0/1s",
+		"\xff weight=2",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		entries, err := worker.ParseTenantLimits(s)
+		if err != nil {
+			msg := err.Error()
+			if !strings.HasPrefix(msg, "worker: ") {
+				t.Fatalf("ParseTenantLimits(%q) error %q does not start with \"worker: \"", s, msg)
+			}
+			parts := strings.Split(s, ";")
+			for i := range parts {
+				if _, perr := worker.ParseTenantLimits(strings.Join(parts[:i+1], ";")); perr != nil {
+					if want := fmt.Sprintf("entry %d %q", i+1, strings.TrimSpace(parts[i])); !strings.Contains(msg, want) {
+						t.Fatalf("ParseTenantLimits(%q) error %q does not name the failing entry: want %s", s, msg, want)
+					}
+					return
+				}
+			}
+			t.Fatalf("ParseTenantLimits(%q) fails (%v) but every prefix of its entries parses", s, err)
+		}
+		for i, e := range entries {
+			if err := e.Validate(); err != nil {
+				t.Fatalf("ParseTenantLimits(%q) entry %d %+v does not validate: %v", s, i+1, e, err)
+			}
+			if strings.ContainsAny(e.TaskType, "=;") || strings.IndexFunc(e.TaskType, unicode.IsSpace) >= 0 {
+				t.Fatalf("ParseTenantLimits(%q) entry %d has task type %q", s, i+1, e.TaskType)
+			}
+		}
+		text := worker.FormatTenantLimits(entries)
+		again, err := worker.ParseTenantLimits(text)
+		if err != nil || !reflect.DeepEqual(again, entries) {
+			t.Fatalf("ParseTenantLimits(%q) = %+v; its printed form %q parses to %+v, %v", s, entries, text, again, err)
+		}
+		if worker.FormatTenantLimits(again) != text {
+			t.Fatalf("entries %q print as %q after a round trip", text, worker.FormatTenantLimits(again))
+		}
+	})
 }

@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -86,8 +87,26 @@ type Config struct {
 	ClaimTimeout time.Duration
 	// WeightFunc, if set, gives each tenant its share of a type-wide quota (ScopeType):
 	// tenants with waiting tasks get its slots in proportion to their weights, from 1 to
-	// throttle.MaxWeight. Defaults to 1 for every tenant: equal shares.
+	// throttle.MaxWeight. A weight set by Overrides (a tier's or the tenant's) wins over
+	// it. Defaults to 1 for every tenant: equal shares.
 	WeightFunc func(key throttle.Key) int
+	// Overrides, if set, is where the middleware reads the tiers and overrides that refine
+	// Rules at runtime (see Overrides and OverrideStore): once in New, then every
+	// OverrideInterval until Context ends, with one HGET of the version per check and one
+	// HGETALL when it changed. A set that cannot be read or does not parse leaves the one
+	// read last in force (at first: Rules alone); that is logged once until a read
+	// succeeds again, and reported to OverrideReloadFunc each time.
+	Overrides *OverrideStore
+	// OverrideInterval is how often the middleware checks Overrides for a change. A change
+	// is in force on every worker within about this plus a round trip. Defaults to
+	// DefaultOverrideInterval.
+	OverrideInterval time.Duration
+	// OverrideReloadFunc, if set, is called after every reload of Overrides, e.g. to count
+	// reloads by result: with the version now in force and a nil error when a changed set
+	// took effect, and with the version still in force (-1: Rules alone, nothing read yet)
+	// and the error when checking, reading or parsing failed. A check that finds no change
+	// calls nothing. It is called from one goroutine at a time.
+	OverrideReloadFunc func(version int64, err error)
 	// SweepInterval is how often the middleware releases the reservations of tasks that
 	// asynq no longer holds (deleted, archived, completed; see Sweeper), so their slots go
 	// to the tasks behind them. Defaults to ClaimTimeout / 2; negative: never. The sweep
@@ -124,6 +143,8 @@ const (
 	// yet) waits in its handler, with reservations; a longer wait re-queues it. MaxWait is
 	// for tasks coming back for their reservation.
 	NewcomerWait = 250 * time.Millisecond
+	// DefaultOverrideInterval is Config.OverrideInterval when left zero.
+	DefaultOverrideInterval = time.Second
 	// claimTimeoutMargin is ClaimTimeout beyond WakeLead when left zero.
 	claimTimeoutMargin = 2 * time.Second
 )
@@ -149,7 +170,7 @@ type middleware struct {
 	lim          *throttle.Limiter
 	claimTimeout time.Duration
 	weight       func(throttle.Key) int
-	rules        map[string]Rule
+	limits       atomic.Pointer[limitSet] // Rules with the overrides in force
 	header       string
 	client       *asynq.Client
 	inspector    *asynq.Inspector
@@ -163,6 +184,7 @@ type middleware struct {
 	observe      func(context.Context, *asynq.Task, throttle.Key, throttle.Decision)
 	now          func() time.Time
 	skewLog      rate.Sometimes
+	shadowLog    shadowLogger
 }
 
 // New returns asynq middleware that decides each task of a ruled type against lim before
@@ -171,8 +193,9 @@ type middleware struct {
 // retries it at the right time without counting a failure), or, if asynq would archive
 // it because it has no retry left, is re-enqueued as a copy due at the retry instant.
 //
-// New returns an error if lim or cfg.Redis is nil, a rule is invalid (Rule.Validate), or
-// two rules name one task type.
+// New returns an error if lim or cfg.Redis is nil, a rule is invalid (Rule.Validate), two
+// rules name one task type, or cfg.OverrideInterval is negative. With cfg.Overrides it
+// reads them before it returns (see Config.Overrides).
 func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 	if lim == nil {
 		return nil, errors.New("worker: nil Limiter")
@@ -182,7 +205,6 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 	}
 	m := &middleware{
 		lim:       lim,
-		rules:     make(map[string]Rule, len(cfg.Rules)),
 		header:    cfg.TenantHeader,
 		client:    asynq.NewClientFromRedisClient(cfg.Redis),
 		inspector: asynq.NewInspectorFromRedisClient(cfg.Redis),
@@ -196,6 +218,7 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 		observe:   cfg.DecisionFunc,
 		now:       time.Now,
 		skewLog:   rate.Sometimes{First: 1, Interval: time.Minute},
+		shadowLog: shadowLogger{unavailable: rate.Sometimes{First: 1, Interval: time.Minute}},
 	}
 	if m.header == "" {
 		m.header = producer.TenantHeader
@@ -227,14 +250,19 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 	if m.log == nil {
 		m.log = slog.Default()
 	}
+	seen := make(map[string]bool, len(cfg.Rules))
 	for _, r := range cfg.Rules {
 		if err := r.Validate(); err != nil {
 			return nil, err
 		}
-		if _, dup := m.rules[r.TaskType]; dup {
+		if seen[r.TaskType] {
 			return nil, fmt.Errorf("worker: two rules for task type %q; put all its quotas in one rule", r.TaskType)
 		}
-		m.rules[r.TaskType] = r
+		seen[r.TaskType] = true
+	}
+	m.limits.Store(compileLimits(cfg.Rules, nil))
+	if err := m.startOverrides(cfg); err != nil {
+		return nil, err
 	}
 	if err := m.startSweep(cfg); err != nil {
 		return nil, err
@@ -250,34 +278,28 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 type decisionKey struct{}
 
 // DecisionFrom returns the admission Decision of the task whose handler got ctx, and
-// false if the task ran without one: no rule for its type, or run unthrottled by
-// FailOpen or overdue=run.
+// false if the task ran without one: no rule for its type, run unthrottled by FailOpen or
+// overdue=run, or run by a shadow rule (ModeShadow) that would have held it back.
 func DecisionFrom(ctx context.Context) (throttle.Decision, bool) {
 	d, ok := ctx.Value(decisionKey{}).(throttle.Decision)
 	return d, ok
 }
 
 func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.Handler) error {
-	rule, ok := m.rules[task.Type()]
+	key := throttle.Key{TaskType: task.Type(), Tenant: task.Headers()[m.header]}
+	eff, ok := m.limits.Load().resolve(key)
 	if !ok {
 		return next.ProcessTask(ctx, task)
 	}
-	key := throttle.Key{TaskType: task.Type(), Tenant: task.Headers()[m.header]}
+	rule := eff.Rule
 	cost, err := rule.cost(task)
+	if rule.Mode == ModeShadow {
+		return m.shadow(ctx, task, next, key, eff, cost, err)
+	}
 	if err != nil {
 		return m.reject(ctx, key, rule, err)
 	}
-	req := throttle.Request{Key: key, Quotas: rule.Quotas, Cost: cost, Member: throttle.NewMember(), MaxWait: m.waitFor(ctx, m.maxWait)}
-	if m.weight != nil {
-		req.Weight = min(max(m.weight(key), 1), throttle.MaxWeight)
-	}
-	if m.reserve {
-		req.Reservation = reservationID(ctx, task)
-		req.Holder = m.holder(ctx, task)
-		req.MaxWait = m.waitFor(ctx, min(NewcomerWait, m.maxWait))
-		req.ClaimWait = m.waitFor(ctx, m.maxWait)
-		req.ClaimTimeout = m.claimTimeout
-	}
+	req := m.request(ctx, task, key, eff, cost)
 	d, err := m.allow(ctx, req)
 	switch {
 	case errors.Is(err, throttle.ErrInvalid):
@@ -312,6 +334,35 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 		RetryAt:    wake, // local clock, as asynq's retry scores
 	}
 	return m.later(ctx, task, denied, denied.RetryAt)
+}
+
+// request is the limiter's request for task, of key and cost, under eff: with the weight
+// of eff (a tier's or the tenant's), else WeightFunc's, and a reservation unless
+// NoReservations.
+func (m *middleware) request(ctx context.Context, task *asynq.Task, key throttle.Key, eff Effective, cost int) throttle.Request {
+	req := throttle.Request{Key: key, Quotas: eff.Rule.Quotas, Cost: cost, Member: throttle.NewMember(),
+		MaxWait: m.waitFor(ctx, m.maxWait), Weight: m.weightFor(key, eff)}
+	if m.reserve {
+		req.Reservation = reservationID(ctx, task)
+		req.Holder = m.holder(ctx, task)
+		req.MaxWait = m.waitFor(ctx, min(NewcomerWait, m.maxWait))
+		req.ClaimWait = m.waitFor(ctx, m.maxWait)
+		req.ClaimTimeout = m.claimTimeout
+	}
+	return req
+}
+
+// weightFor is key's share of its rule's ScopeType quotas: eff's (a tier's or the
+// tenant's), else WeightFunc's clamped to [1, throttle.MaxWeight], else 0 (the limiter's
+// default, 1).
+func (m *middleware) weightFor(key throttle.Key, eff Effective) int {
+	if eff.Weight > 0 {
+		return eff.Weight
+	}
+	if m.weight != nil {
+		return min(max(m.weight(key), 1), throttle.MaxWeight)
+	}
+	return 0
 }
 
 // run starts the handler of a task admitted by d: at once, or after d.Delay when it was

@@ -35,6 +35,37 @@ type Rule struct {
 	// reserved start is after its asynq Deadline. Rule text: "overdue=archive|run|drop".
 	// Defaults to OverdueArchive.
 	Overdue Overdue
+	// Mode is ModeEnforce (the default) or ModeShadow, a dry run: every task is decided
+	// and counted, and one the rule would hold back runs anyway (see ModeShadow). Rule
+	// text: "mode=enforce|shadow".
+	Mode Mode
+}
+
+// Mode says whether a rule holds tasks back or only reports what it would do.
+type Mode uint8
+
+const (
+	// ModeEnforce throttles: a task over a quota waits for its slot.
+	ModeEnforce Mode = iota
+	// ModeShadow is a dry run, to roll out a quota safely: each task is decided by the
+	// limiter at once (no wait in the handler, no reservation), an admission is logged in
+	// the window logs as under ModeEnforce, so the logs hold what an enforced rule would
+	// have admitted, and a task that would have been held back (denied, overdue, or
+	// rejected for its cost) runs anyway: it writes nothing to the logs, and is counted
+	// (OutcomeShadowDenied) and logged. The limiter being unreachable never holds a
+	// shadowed task back either.
+	ModeShadow
+)
+
+// String returns "enforce" or "shadow", the words of the rule text.
+func (m Mode) String() string {
+	switch m {
+	case ModeEnforce:
+		return "enforce"
+	case ModeShadow:
+		return "shadow"
+	}
+	return fmt.Sprintf("Mode(%d)", uint8(m))
 }
 
 // Overdue is the terminal outcome of a task that the throttle would hold back too long.
@@ -98,7 +129,8 @@ func (r Rule) cost(task *asynq.Task) (int, error) {
 }
 
 // String formats r as one THROTTLE_RULES rule: "api:call tenant=5/2s type=20/1s", with
-// "cost=header:<name>" when CostHeader is set (a CostFunc has no text form).
+// "cost=header:<name>" when CostHeader is set (a CostFunc has no text form), and
+// "max-delay=", "overdue=" and "mode=shadow" when they are not the defaults.
 func (r Rule) String() string {
 	parts := []string{r.TaskType}
 	for _, q := range r.Quotas {
@@ -113,11 +145,15 @@ func (r Rule) String() string {
 	if r.Overdue != OverdueArchive {
 		parts = append(parts, "overdue="+r.Overdue.String())
 	}
+	if r.Mode != ModeEnforce {
+		parts = append(parts, "mode="+r.Mode.String())
+	}
 	return strings.Join(parts, " ")
 }
 
 // Validate returns an error unless r names a task type and has at least one quota, each
-// valid (throttle.Quota.Validate).
+// valid (throttle.Quota.Validate), no two of them at one scope with the same window (the
+// larger would never decide), MaxDelay is not negative, and Overdue and Mode are known.
 func (r Rule) Validate() error {
 	if r.TaskType == "" {
 		return fmt.Errorf("worker: rule %q: empty task type", r)
@@ -130,11 +166,35 @@ func (r Rule) Validate() error {
 			return fmt.Errorf("worker: rule %q: %w", r, err)
 		}
 	}
+	if err := checkWindows(r.Quotas); err != nil {
+		return fmt.Errorf("worker: rule %q: %w", r, err)
+	}
 	if r.MaxDelay < 0 {
 		return fmt.Errorf("worker: rule %q: negative MaxDelay %s", r, r.MaxDelay)
 	}
 	if r.Overdue > OverdueDrop {
 		return fmt.Errorf("worker: rule %q: unknown Overdue %d", r, r.Overdue)
+	}
+	if r.Mode > ModeShadow {
+		return fmt.Errorf("worker: rule %q: unknown Mode %d", r, r.Mode)
+	}
+	return nil
+}
+
+// checkWindows returns an error naming the first two quotas at one scope with the same
+// window: of the two, only the smaller limit can ever decide, so the rule does not say
+// what its author meant.
+func checkWindows(quotas []throttle.Quota) error {
+	for i, q := range quotas {
+		for _, p := range quotas[:i] {
+			if p.Scope == q.Scope && p.Limit.Window == q.Limit.Window {
+				keep := p
+				if q.Limit.Events < p.Limit.Events {
+					keep = q
+				}
+				return fmt.Errorf("quotas %s and %s have the same scope and window, so only the smaller ever decides; keep one (%s)", p, q, keep)
+			}
+		}
 	}
 	return nil
 }
@@ -143,16 +203,19 @@ func (r Rule) Validate() error {
 // type followed by one or more space-separated quotas "scope=events/window", where scope
 // is "tenant" (a limit for each tenant) or "type" (one limit for the whole type) and
 // window is a Go duration, and optionally "cost=header:<name>" (Rule.CostHeader),
-// "max-delay=<Go duration>" (Rule.MaxDelay) and "overdue=archive|run|drop" (Rule.Overdue):
+// "max-delay=<Go duration>" (Rule.MaxDelay), "overdue=archive|run|drop" (Rule.Overdue)
+// and "mode=enforce|shadow" (Rule.Mode):
 //
 //	api:call tenant=5/2s type=20/1s; email:send tenant=100/1h
 //	llm:complete tenant=40000/1m tenant=1000000/24h cost=header:tokens
 //	report:build tenant=2/1m max-delay=30m overdue=drop
+//	search:index tenant=10/1s mode=shadow
 //
 // Empty rules (a trailing ';') and extra spaces are ignored; an empty s gives no rules.
 // The error names the rule (its 1-based position and text) and the offending part: a rule
-// without quotas, a quota without '=', an unknown scope, a limit ParseLimit rejects, or a
-// task type given twice.
+// without quotas, a quota without '=', an unknown scope, a limit ParseLimit rejects, two
+// quotas at one scope with the same window, an option given twice, or a task type given
+// twice.
 func ParseRules(s string) ([]Rule, error) {
 	var rules []Rule
 	seen := map[string]int{}
@@ -163,7 +226,7 @@ func ParseRules(s string) ([]Rule, error) {
 		}
 		where := fmt.Sprintf("rule %d %q", i+1, strings.TrimSpace(text))
 		r := Rule{TaskType: fields[0]}
-		overdueSet := false
+		overdueSet, modeSet := false, false
 		if strings.Contains(r.TaskType, "=") {
 			return nil, fmt.Errorf("worker: %s: starts with quota %q; want a task type first, e.g. \"api:call tenant=5/2s\"", where, r.TaskType)
 		}
@@ -204,6 +267,21 @@ func ParseRules(s string) ([]Rule, error) {
 				}
 				continue
 			}
+			if v, ok := strings.CutPrefix(f, "mode="); ok {
+				if modeSet {
+					return nil, fmt.Errorf("worker: %s: %q: mode= is given twice", where, f)
+				}
+				modeSet = true
+				switch v {
+				case "enforce":
+					r.Mode = ModeEnforce
+				case "shadow":
+					r.Mode = ModeShadow
+				default:
+					return nil, fmt.Errorf("worker: %s: %q: want mode=enforce or mode=shadow (a dry run)", where, f)
+				}
+				continue
+			}
 			q, err := parseQuota(f)
 			if err != nil {
 				return nil, fmt.Errorf("worker: %s: %w", where, err)
@@ -212,6 +290,9 @@ func ParseRules(s string) ([]Rule, error) {
 		}
 		if len(r.Quotas) == 0 {
 			return nil, fmt.Errorf("worker: %s: task type %q has no quota; want e.g. %q", where, r.TaskType, r.TaskType+" tenant=5/2s")
+		}
+		if err := checkWindows(r.Quotas); err != nil {
+			return nil, fmt.Errorf("worker: %s: %w", where, err)
 		}
 		if prev, ok := seen[r.TaskType]; ok {
 			return nil, fmt.Errorf("worker: %s: task type %q already has rule %d; put all its quotas in one rule", where, r.TaskType, prev)

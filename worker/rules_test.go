@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 	"github.com/asynq-throttle/asynq-throttle/worker"
 )
@@ -30,6 +31,13 @@ func TestParseRules(t *testing.T) {
 		}},
 		{in: "  report   tenant=10/1s  tenant=500/1h ;", want: []worker.Rule{
 			{TaskType: "report", Quotas: []throttle.Quota{tenant(10, time.Second), tenant(500, time.Hour)}},
+		}},
+		// One window at two scopes is two logs: both decide.
+		{in: "x tenant=5/1s type=3/1s mode=shadow", want: []worker.Rule{
+			{TaskType: "x", Quotas: []throttle.Quota{tenant(5, time.Second), typ(3, time.Second)}, Mode: worker.ModeShadow},
+		}},
+		{in: "x tenant=5/1s mode=enforce", want: []worker.Rule{
+			{TaskType: "x", Quotas: []throttle.Quota{tenant(5, time.Second)}, Mode: worker.ModeEnforce},
 		}},
 	}
 	for _, tc := range tests {
@@ -68,6 +76,13 @@ func TestParseRules_errorsNameTheRule(t *testing.T) {
 		{in: "a tenant=1/1s max-delay=1m max-delay=2m", want: []string{`"max-delay=2m"`, "want one max-delay"}},
 		{in: "a tenant=1/1s overdue=maybe", want: []string{`"overdue=maybe"`, "want overdue=archive, overdue=run or overdue=drop"}},
 		{in: "a tenant=1/1s overdue=run overdue=drop", want: []string{`"overdue=drop"`, "given twice"}},
+		{in: "a tenant=1/1s mode=dry", want: []string{`rule 1 "a tenant=1/1s mode=dry"`, `"mode=dry"`, "want mode=enforce or mode=shadow"}},
+		{in: "a tenant=1/1s mode=shadow mode=enforce", want: []string{`"mode=enforce"`, "mode= is given twice"}},
+		// Two quotas at one scope with one window: only the smaller could ever decide.
+		{in: "a type=9/1m; b tenant=5/1s tenant=3/1s", want: []string{
+			`worker: rule 2 "b tenant=5/1s tenant=3/1s": quotas tenant=5/1s and tenant=3/1s have the same scope and window, so only the smaller ever decides; keep one (tenant=3/1s)`}},
+		{in: "a tenant=2/1s type=7/1m tenant=4/1000ms", want: []string{`quotas tenant=2/1s and tenant=4/1s have the same scope and window`, "keep one (tenant=2/1s)"}},
+		{in: "a type=2/1h type=2/60m", want: []string{`quotas type=2/1h and type=2/1h have the same scope and window`}},
 	}
 	for _, tc := range tests {
 		_, err := worker.ParseRules(tc.in)
@@ -90,6 +105,7 @@ func TestRule_String_roundTrips(t *testing.T) {
 		"llm:complete tenant=40000/1m cost=header:tokens",
 		"report:build tenant=2/1m max-delay=30m0s overdue=drop",
 		"x tenant=1/1s overdue=run",
+		"x tenant=1/1s type=1/1s mode=shadow",
 	} {
 		rules, err := worker.ParseRules(in)
 		if err != nil {
@@ -105,5 +121,31 @@ func TestRule_String_roundTrips(t *testing.T) {
 	}
 	if r := rules[0]; r.MaxDelay != 30*time.Minute || r.Overdue != worker.OverdueDrop {
 		t.Errorf("MaxDelay %v, Overdue %v; want 30m and drop", r.MaxDelay, r.Overdue)
+	}
+}
+
+// TestRule_Validate_sameWindow: a Rule built in code with two quotas at one scope and one
+// window is rejected by Validate (and so by New), naming the rule and both quotas.
+func TestRule_Validate_sameWindow(t *testing.T) {
+	t.Parallel()
+	r := worker.Rule{TaskType: "x", Quotas: []throttle.Quota{
+		{Scope: throttle.ScopeTenant, Limit: throttle.PerSecond(5)},
+		{Scope: throttle.ScopeType, Limit: throttle.PerSecond(5)},
+		{Scope: throttle.ScopeTenant, Limit: throttle.PerSecond(3)},
+	}}
+	want := `worker: rule "x tenant=5/1s type=5/1s tenant=3/1s": quotas tenant=5/1s and tenant=3/1s have the same scope and window, so only the smaller ever decides; keep one (tenant=3/1s)`
+	if err := r.Validate(); err == nil || err.Error() != want {
+		t.Errorf("Validate() = %v, want %s", err, want)
+	}
+	rdb := redistest.Start(t)
+	if _, err := worker.New(newLimiter(t, rdb), worker.Config{Rules: []worker.Rule{r}, Redis: rdb}); err == nil || err.Error() != want {
+		t.Errorf("New() = %v, want %s", err, want)
+	}
+	r.Quotas = r.Quotas[:2]
+	if err := r.Validate(); err != nil {
+		t.Errorf("Validate() of one window at two scopes: %v", err)
+	}
+	if err := (worker.Rule{TaskType: "x", Quotas: r.Quotas, Mode: 7}).Validate(); err == nil || !strings.Contains(err.Error(), "unknown Mode 7") {
+		t.Errorf("Validate() of Mode 7 = %v, want unknown Mode 7", err)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -82,6 +81,7 @@ type Sweeper struct {
 	rdb      redis.UniversalClient
 	insp     *asynq.Inspector
 	types    []string
+	typeFunc func() []string // if set, lists the task types to sweep instead of types
 	interval time.Duration
 	lockTTL  time.Duration
 	grace    time.Duration // <= 0: none
@@ -177,7 +177,11 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 	}
 	var errs []error
 	var types []string
-	for _, tt := range s.types { // all locks first: their instants then depend on no sweep's length
+	all := s.types
+	if s.typeFunc != nil {
+		all = s.typeFunc()
+	}
+	for _, tt := range all { // all locks first: their instants then depend on no sweep's length
 		ok, err := s.lim.TryLock(ctx, tt, sweepLock, s.lockTTL)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("worker: sweep %s: %w", tt, err))
@@ -345,10 +349,10 @@ func lineage(token, holderID string) []string {
 	return append(ids, name(n+1))
 }
 
-// startSweep starts the background sweep of cfg's rules (see Config.SweepInterval): a
-// Sweeper run until cfg.Context ends.
+// startSweep starts the background sweep of the task types with a rule, default or
+// override (see Config.SweepInterval): a Sweeper run until cfg.Context ends.
 func (m *middleware) startSweep(cfg Config) error {
-	if cfg.SweepInterval < 0 || len(m.rules) == 0 {
+	if cfg.SweepInterval < 0 || len(cfg.Rules) == 0 && cfg.Overrides == nil {
 		return nil
 	}
 	interval := cfg.SweepInterval
@@ -358,10 +362,11 @@ func (m *middleware) startSweep(cfg Config) error {
 	if interval <= 0 {
 		return fmt.Errorf("worker: sweep interval ClaimTimeout / 2 = %s is not positive; set Config.SweepInterval or a positive ClaimTimeout", interval)
 	}
-	s, err := NewSweeper(m.lim, cfg.Redis, slices.Collect(maps.Keys(m.rules)), SweeperConfig{Interval: interval, Logger: m.log})
+	s, err := NewSweeper(m.lim, cfg.Redis, nil, SweeperConfig{Interval: interval, Logger: m.log})
 	if err != nil {
 		return err
 	}
+	s.typeFunc = func() []string { return m.limits.Load().taskTypes() } // at each sweep: overrides may add types
 	ctx := cfg.Context
 	if ctx == nil {
 		ctx = context.Background()

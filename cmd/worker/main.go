@@ -10,6 +10,9 @@
 // With METRICS_ADDR set it serves Prometheus metrics (package worker's, see
 // worker.NewMetricsWithConfig, and Go's runtime and process metrics) at /metrics.
 //
+// THROTTLE_RULES are the defaults: the tiers and overrides that `throttle limits` (cmd/throttle)
+// stores in <THROTTLE_PREFIX>:overrides refine them while it runs, checked every second.
+//
 // It is configured by environment variables only; `worker -h` lists them with their
 // defaults and meaning. Exit status: 0 after a shutdown by SIGINT or SIGTERM (a second
 // one kills it); 1 if Redis does not answer within 5s at start, or asynq cannot start; 2
@@ -127,7 +130,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		defer metricsSrv.Close()
 		logger.Printf("metrics at http://%s/metrics", ln.Addr())
 	}
+	overrides, err := worker.NewOverrideStore(rdb, cfg.Prefix) // tiers and overrides: cmd/throttle limits
+	if err != nil {
+		fmt.Fprintf(stderr, "THROTTLE_PREFIX=%q: %v\n", cfg.Prefix, err)
+		return exitConfig
+	}
 	mw, err := worker.New(lim, worker.Config{
+		Overrides:    overrides,
 		Rules:        cfg.Rules,
 		TenantHeader: cfg.TenantHeader,
 		Redis:        rdb,
@@ -159,6 +168,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	logger.Printf("queues %s concurrency %d forwarder interval %s tenant header %q key prefix %q",
 		cfg.Queues, cfg.Concurrency, cfg.ForwarderInterval, cfg.TenantHeader, cfg.Prefix)
 	logger.Printf("clock %s (max skew %s), fail open %t", cfg.Clock, cfg.MaxSkew, cfg.FailOpen)
+	logger.Printf("tiers and overrides from %s (cmd/throttle limits), checked every %s", overrides.Key(), worker.DefaultOverrideInterval)
 	h := demoHandler{url: cfg.DemoAPIURL, work: cfg.WorkTime, tenantHeader: cfg.TenantHeader,
 		client: &http.Client{Timeout: 30 * time.Second}}
 	if h.url != "" {
