@@ -100,8 +100,8 @@ local FAIR_UNIT = 1000000
 
 repeat
   local extra = ARGV[5]
-  if ARGV[1] == 'r' or ARGV[1] == '' or extra ~= '' and (string.byte(extra, 1) ~= 49 or string.byte(extra, 2) ~= 58) then
-    break -- a release, the server's clock, or a cost other than 1
+  if ARGV[1] == 'r' or ARGV[1] == 'p' or ARGV[1] == 'u' or ARGV[1] == '' or extra ~= '' and (string.byte(extra, 1) ~= 49 or string.byte(extra, 2) ~= 58) then
+    break -- another op (release, pause, resume), the server's clock, or a cost other than 1
   end
   local caller, server_ms = tonumber(ARGV[1]), 0
   if #ARGV == 8 then
@@ -112,18 +112,18 @@ repeat
     -- bounds go to Redis as the strings the caller computed (the sentinel at now, now -
     -- window), unless the log's high-water instant is later than the caller's now.
     local key, limit, w = KEYS[1], tonumber(ARGV[6]), tonumber(ARGV[7])
-    local r = redis.call('ZMSCORE', key, '#', ARGV[2]) -- the sentinel, and a replay
-    if r[2] then
-      break -- a replay
+    local r = redis.call('ZMSCORE', key, '#', ARGV[2], '#p') -- the sentinel, a replay, a pause
+    if r[2] or r[3] and r[3] + BASE > caller then
+      break -- a replay, or a pause that may be in force
     end
     local hs = r[1]
-    local sent, now = 0, caller
+    local sent, now = r[3] and 1 or 0, caller
     if hs then
       local x = hs + BASE
       if x % 8 ~= 0 then
         break -- weighted entries, entries ahead or reservations
       end
-      sent = 1
+      sent = sent + 1
       if x / 8 > now then
         now = x / 8
       end
@@ -179,32 +179,28 @@ repeat
   end
   local now, sent, plain = caller, {}, true
   for j = 1, m do
-    local hs
-    if j == rl then
-      local r = redis.call('ZMSCORE', KEYS[j], '#', ARGV[2]) -- the sentinel, and a replay
-      if r[2] then
-        plain = false
-        break
-      end
-      hs = r[1]
-    else
-      hs = redis.call('ZSCORE', KEYS[j], '#')
+    -- The sentinel, a pause and, in the replay check's log, the member.
+    local r = redis.call('ZMSCORE', KEYS[j], '#', '#p', j == rl and ARGV[2] or '#')
+    if j == rl and r[3] or r[2] and r[2] + BASE > caller then
+      plain = false -- a replay, or a pause that may be in force
+      break
     end
-    sent[j] = 0
+    local hs = r[1]
+    sent[j] = r[2] and 1 or 0
     if hs then
       local x = hs + BASE
       if x % 8 ~= 0 then -- weighted entries, entries ahead or reservations: general
         plain = false
         break
       end
-      sent[j] = 1
+      sent[j] = sent[j] + 1
       if x / 8 > now then
         now = x / 8
       end
     end
   end
   if not plain then
-    break -- a replay, or a log that is not plain
+    break -- a replay, a pause, or a log that is not plain
   end
   -- Nothing lies after now: a window's slots are the entries after its start.
   local lo, lower = {}, {}
@@ -273,8 +269,8 @@ until true
 
 repeat
   local extra = ARGV[5]
-  if #ARGV ~= 8 or #KEYS ~= 1 or ARGV[1] == 'r' or ARGV[1] == '' or string.byte(extra, 1) ~= 49 or string.byte(extra, 2) ~= 58 then
-    break -- a release, the server's clock, several quotas or logs, or a cost other than 1
+  if #ARGV ~= 8 or #KEYS ~= 1 or ARGV[1] == '' or string.byte(extra, 1) ~= 49 or string.byte(extra, 2) ~= 58 then
+    break -- another op, the server's clock, several quotas or logs, or a cost other than 1
   end
   local wait, ct, weight, n, rest = string.match(extra, '^1:(%d+):(%d+):%d+:(%d+):(%d+):(.*)$')
   local caller, server_ms = tonumber(ARGV[1]), 0
@@ -289,9 +285,9 @@ repeat
   local key, member, token = KEYS[1], ARGV[2], string.sub(rest, 1, n)
   local pm = '1:' .. token
   -- The sentinels, a replay, and the token's reservation (its L entry: see the lapse check).
-  local r = redis.call('ZMSCORE', key, '#', '#f', member, '@' .. pm)
-  if r[3] or r[4] then
-    break -- a replay, or a claim
+  local r = redis.call('ZMSCORE', key, '#', '#f', member, '@' .. pm, '#p')
+  if r[3] or r[4] or r[5] and r[5] + BASE > caller then
+    break -- a replay, a claim, or a pause that may be in force
   end
   local flags, hw = 0, -1
   if r[1] then
@@ -332,7 +328,7 @@ repeat
     if lo == limit then
       e = redis.call('ZRANGEBYSCORE', key, '(' .. lower, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
     else
-      local rank = (r[1] and 1 or 0) + (r[2] and 1 or 0) + redis.call('ZCOUNT', key, FLOOR, lower) + lo - limit
+      local rank = (r[1] and 1 or 0) + (r[2] and 1 or 0) + (r[5] and 1 or 0) + redis.call('ZCOUNT', key, FLOOR, lower) + lo - limit
       e = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
     end
     t = tonumber(e[2]) + w
@@ -343,7 +339,7 @@ repeat
       tend = now
     end
     local y = redis.call('ZRANGE', key, -limit, -limit, 'WITHSCORES')
-    if y[1] and y[1] ~= '#' and y[1] ~= '#f' and tonumber(y[2]) + w > tend then
+    if y[1] and string.byte(y[1], 1) ~= 35 and tonumber(y[2]) + w > tend then -- not '#', '#f', '#p'
       tend = tonumber(y[2]) + w
     end
     -- Before it, the first K_CAND instants at which an entry leaves a window.
@@ -490,9 +486,10 @@ local function new_log(l, p, c)
   return {L = l, P = p, C = c, q = {}, wmax = 0}
 end
 
--- load reads a log's sentinels and, with member, that member's score: one call.
+-- load reads a log's sentinels, its pause and, with member, that member's score: one call.
 local function load(log, member)
-  local r = redis.call('ZMSCORE', log.L, '#', '#f', member or '#')
+  local r = redis.call('ZMSCORE', log.L, '#', '#f', member or '#', '#p')
+  log.pause = r[4] and (tonumber(r[4]) + BASE) or -1
   if r[1] then
     local x = tonumber(r[1]) + BASE
     log.flags = x % 8
@@ -500,7 +497,7 @@ local function load(log, member)
   else
     log.flags, log.hw = 0, -1
   end
-  log.nsent = (r[1] and 1 or 0) + (r[2] and 1 or 0)
+  log.nsent = (r[1] and 1 or 0) + (r[2] and 1 or 0) + (r[4] and 1 or 0)
   log.has_f = r[2] and true or false
   log.hiw = r[2] and (tonumber(r[2]) + BASE) or log.hw
   return member and r[3]
@@ -593,7 +590,7 @@ end
 -- newest is the instant of the log's newest entry, or nil.
 local function newest(log)
   local r = redis.call('ZRANGE', log.L, -1, -1, 'WITHSCORES')
-  if #r == 0 or r[1] == '#' or r[1] == '#f' then
+  if #r == 0 or string.byte(r[1], 1) == 35 then -- '#', '#f', '#p': an empty log
     return nil
   end
   return tonumber(r[2])
@@ -919,6 +916,24 @@ local function lapse(log, now, claim_timeout, leases, fairq)
 end
 
 -- ---------------------------------------------------------------------------------------
+-- Pause (op "p") and resume (op "u") of one log.
+
+if ARGV[1] == 'p' then
+  -- "#p" at its end, never earlier than a pause in force (GT); the log lives at least
+  -- until then (its TTL only grows: its entries' TTL is set by decisions).
+  local till, now = tonumber(ARGV[2]), tonumber(ARGV[3])
+  redis.call('ZADD', KEYS[1], 'GT', string.format('%d', till - BASE), '#p')
+  local ttl = string.format('%d', math.max(till - now, 1))
+  if redis.call('PEXPIRE', KEYS[1], ttl, 'GT') == 0 then
+    redis.call('PEXPIRE', KEYS[1], ttl, 'NX')
+  end
+  return 1
+end
+if ARGV[1] == 'u' then
+  return redis.call('ZREM', KEYS[1], '#p')
+end
+
+-- ---------------------------------------------------------------------------------------
 -- Release (op "r"): give up a token's reservation on every log it holds.
 
 if ARGV[1] == 'r' then
@@ -1014,8 +1029,8 @@ local function count_at(q, at, pre)
   return sum(q.log, at - q.w, at)
 end
 
-local function reply(allowed, replay, binding, count, at, retry, reserved, held)
-  return {allowed + 2 * replay + 4 * skewed + 8 * reserved + 16 * held, count, retry, at, binding, server_ms}
+local function reply(allowed, replay, binding, count, at, retry, reserved, held, pause)
+  return {allowed + 2 * replay + 4 * skewed + 8 * reserved + 16 * held + 32 * (pause or 0), count, retry, at, binding, server_ms}
 end
 
 -- admitted replies to an admission at `at`: the quota with the fewest slots left in its
@@ -1033,6 +1048,19 @@ end
 
 if replayed_at then
   return admitted(replayed_at, 1, nil, 0)
+end
+
+-- PAUSE: a log paused until u > now denies every event until u (the latest of the call's
+-- pauses), writing nothing; the binding quota is the first on a log paused that long.
+local paused, pause_q = now, nil
+for i, q in ipairs(quotas) do
+  if q.log.pause > paused then
+    paused, pause_q = q.log.pause, i
+  end
+end
+if pause_q then
+  local q = quotas[pause_q]
+  return reply(0, 0, pause_q, sum(q.log, now - q.w, now), now, paused - caller, 0, 0, 1)
 end
 
 for j = 1, m do

@@ -38,6 +38,9 @@ type Decision struct {
 	// Held reports that the event already held a reservation when the call began: it came
 	// back for a slot it was given earlier (whether or not it is due yet).
 	Held bool
+	// Paused reports a denial because Quota's window log is paused (Limiter.Pause) until
+	// RetryAt: nothing was written, and a reservation the event holds is left as it was.
+	Paused bool
 	// At is the instant the decision was made for, and an admission logged at: the
 	// caller's clock (or the now given to AllowAt), or the Redis server's TIME with
 	// ClockRedis; or the latest instant another call wrote the logs at, if the caller's

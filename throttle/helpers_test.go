@@ -51,15 +51,15 @@ func msd(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
 // outcome is every field of a Decision that a call determines, except ServerTime and
 // SkewFallback, to compare with ==. At is in ms since the epoch.
 type outcome struct {
-	Allowed, Replay, Reserved, Held bool
-	Quota                           throttle.Quota
-	Count, Remaining                int
-	RetryAfter, Delay               time.Duration
-	At                              int64
+	Allowed, Replay, Reserved, Held, Paused bool
+	Quota                                   throttle.Quota
+	Count, Remaining                        int
+	RetryAfter, Delay                       time.Duration
+	At                                      int64
 }
 
 func outcomeOf(d throttle.Decision) outcome {
-	return outcome{Allowed: d.Allowed, Replay: d.Replay, Reserved: d.Reserved, Held: d.Held, Quota: d.Quota,
+	return outcome{Allowed: d.Allowed, Replay: d.Replay, Reserved: d.Reserved, Held: d.Held, Paused: d.Paused, Quota: d.Quota,
 		Count: d.Count, Remaining: d.Remaining, RetryAfter: d.RetryAfter, Delay: d.Delay, At: d.At.UnixMilli()}
 }
 
@@ -75,6 +75,9 @@ func (o outcome) String() string {
 	}
 	if o.Held {
 		s += "(held)"
+	}
+	if o.Paused {
+		s += "(paused)"
 	}
 	return fmt.Sprintf("%s at=%d quota=%s count=%d remaining=%d retry=%dms delay=%dms",
 		s, o.At, o.Quota, o.Count, o.Remaining, o.RetryAfter.Milliseconds(), o.Delay.Milliseconds())

@@ -437,7 +437,7 @@ type modelCall struct {
 type modelDecision = outcome
 
 func modelDecisionOf(d throttle.Decision) modelDecision {
-	return modelDecision{Allowed: d.Allowed, Replay: d.Replay, Reserved: d.Reserved, Held: d.Held, Quota: d.Quota,
+	return modelDecision{Allowed: d.Allowed, Replay: d.Replay, Reserved: d.Reserved, Held: d.Held, Paused: d.Paused, Quota: d.Quota,
 		Count: d.Count, Remaining: d.Remaining, RetryAfter: d.RetryAfter, Delay: d.Delay, At: d.At.UnixMilli()}
 }
 

@@ -1,0 +1,103 @@
+package throttle_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
+)
+
+// TestLimiter_PauseAt: a paused log denies every event until the pause's end, whatever
+// the path (no token, a token, several quotas), writes nothing meanwhile, never shortens
+// a pause in force, and counts as before once the pause is over or lifted. Rule
+// tenant=2/10s (and type=5/10s for the multi-quota calls); A runs at 0; the tenant's log
+// is paused at 100 until 5000.
+func TestLimiter_PauseAt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := redistest.Start(t)
+	l, err := throttle.New(rdb, throttle.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenantQ := msQuota(throttle.ScopeTenant, 2, 10_000)
+	typeQ := msQuota(throttle.ScopeType, 5, 10_000)
+	key := throttle.Key{TaskType: "api:call", Tenant: "acme"}
+	one := []throttle.Quota{tenantQ}
+	both := []throttle.Quota{typeQ, tenantQ}
+	at := func(ms int64) time.Time { return time.UnixMilli(ms) }
+	decide := func(req throttle.Request, now int64) outcome {
+		t.Helper()
+		d, err := l.AllowAt(ctx, req, at(now))
+		if err != nil {
+			t.Fatalf("AllowAt at %d: %v", now, err)
+		}
+		return outcomeOf(d)
+	}
+	want := func(got, want outcome) {
+		t.Helper()
+		if got != want {
+			t.Errorf("got  %v\nwant %v", got, want)
+		}
+	}
+
+	want(decide(throttle.Request{Key: key, Quotas: one}, 0), outcome{Allowed: true, Quota: tenantQ, Count: 1, Remaining: 1})
+	if err := l.PauseAt(ctx, key, throttle.ScopeTenant, at(5_000), at(100)); err != nil {
+		t.Fatal(err)
+	}
+	// An earlier end does not shorten it.
+	if err := l.PauseAt(ctx, key, throttle.ScopeTenant, at(2_000), at(150)); err != nil {
+		t.Fatal(err)
+	}
+	if until, ok, err := l.PausedUntil(ctx, key, throttle.ScopeTenant); err != nil || !ok || until.UnixMilli() != 5_000 {
+		t.Fatalf("PausedUntil = %v, %v, %v; want 5000, true", until.UnixMilli(), ok, err)
+	}
+	if ttl := rdb.PTTL(ctx, l.RedisKey(key, throttle.ScopeTenant)).Val(); ttl < 4_800*time.Millisecond || ttl > 10_000*time.Millisecond {
+		t.Errorf("log TTL %v; want it to outlast the pause (4.85 s) and A (10 s)", ttl)
+	}
+	before := rdb.ZRangeWithScores(ctx, l.RedisKey(key, throttle.ScopeTenant), 0, -1).Val()
+
+	paused := outcome{Paused: true, Quota: tenantQ, Count: 1, Remaining: 1, RetryAfter: 4 * time.Second, At: 1_000}
+	want(decide(throttle.Request{Key: key, Quotas: one}, 1_000), paused)
+	want(decide(throttle.Request{Key: key, Quotas: one, Reservation: "T1"}, 1_000), paused)
+	want(decide(throttle.Request{Key: key, Quotas: one, Cost: 2, Reservation: "T2"}, 1_000), paused)
+	// With the type quota first, the paused tenant quota binds; the type log is untouched.
+	want(decide(throttle.Request{Key: key, Quotas: both}, 1_000), outcome{Paused: true, Quota: tenantQ, Count: 1, Remaining: 1,
+		RetryAfter: 4 * time.Second, At: 1_000})
+	if after := rdb.ZRangeWithScores(ctx, l.RedisKey(key, throttle.ScopeTenant), 0, -1).Val(); len(after) != len(before) {
+		t.Errorf("the paused log changed: %v, was %v", after, before)
+	}
+	if n := rdb.Exists(ctx, l.RedisKey(key, throttle.ScopeType)).Val(); n != 0 {
+		t.Errorf("a denial on a paused log wrote the type log")
+	}
+	// Another tenant is not paused.
+	other := throttle.Key{TaskType: "api:call", Tenant: "globex"}
+	want(decide(throttle.Request{Key: other, Quotas: one, Reservation: "G1"}, 1_000), outcome{Allowed: true, Quota: tenantQ, Count: 1,
+		Remaining: 1, At: 1_000})
+
+	// Over at 5000: B runs (its log still holds the past pause), C is denied by the window.
+	want(decide(throttle.Request{Key: key, Quotas: one}, 5_000), outcome{Allowed: true, Quota: tenantQ, Count: 2, At: 5_000})
+	want(decide(throttle.Request{Key: key, Quotas: one}, 5_001), outcome{Quota: tenantQ, Count: 2, RetryAfter: 4_999 * time.Millisecond,
+		At: 5_001})
+	want(decide(throttle.Request{Key: key, Quotas: one, Reservation: "T3"}, 5_002), outcome{Reserved: true, Quota: tenantQ, Count: 2,
+		RetryAfter: 4_998 * time.Millisecond, At: 5_002})
+
+	// Paused again, then lifted: decided as if never paused.
+	if err := l.PauseAt(ctx, key, throttle.ScopeTenant, at(60_000), at(5_003)); err != nil {
+		t.Fatal(err)
+	}
+	want(decide(throttle.Request{Key: key, Quotas: one, Reservation: "T3"}, 6_000), outcome{Paused: true, Quota: tenantQ, Count: 2,
+		RetryAfter: 54 * time.Second, At: 6_000})
+	for _, wantLifted := range []bool{true, false} {
+		if lifted, err := l.Resume(ctx, key, throttle.ScopeTenant); err != nil || lifted != wantLifted {
+			t.Fatalf("Resume = %v, %v; want %v", lifted, err, wantLifted)
+		}
+	}
+	want(decide(throttle.Request{Key: key, Quotas: one, Reservation: "T3"}, 6_000), outcome{Reserved: true, Held: true, Quota: tenantQ,
+		Count: 2, RetryAfter: 4 * time.Second, At: 6_000})
+	if _, ok, err := l.PausedUntil(ctx, key, throttle.ScopeTenant); err != nil || ok {
+		t.Fatalf("PausedUntil after Resume: %v, %v; want no pause", ok, err)
+	}
+}
