@@ -922,8 +922,11 @@ if ARGV[1] == 'p' then
   -- "#p" at its end, never earlier than a pause in force (GT); the log lives at least
   -- until then (its TTL only grows: its entries' TTL is set by decisions).
   local till, now = tonumber(ARGV[2]), tonumber(ARGV[3])
+  if till <= now then
+    return 0 -- already over
+  end
   redis.call('ZADD', KEYS[1], 'GT', string.format('%d', till - BASE), '#p')
-  local ttl = string.format('%d', math.max(till - now, 1))
+  local ttl = string.format('%d', till - now)
   if redis.call('PEXPIRE', KEYS[1], ttl, 'GT') == 0 then
     redis.call('PEXPIRE', KEYS[1], ttl, 'NX')
   end

@@ -108,12 +108,20 @@ type modelOp struct {
 	at       int64
 	why      string // how the generator came to it
 	release  bool   // Limiter.Release(req.Key.TaskType, req.Reservation)
+	pause    int64  // > 0: Limiter.PauseAt(req.Key, req.Quotas[0].Scope, pause, at)
+	resume   bool   // Limiter.Resume(req.Key, req.Quotas[0].Scope)
 	decision modelDecision
 }
 
 func (op modelOp) String() string {
-	if op.release {
+	switch {
+	case op.release:
 		return fmt.Sprintf("release type=%q token=%q", op.req.Key.TaskType, op.req.Reservation)
+	case op.pause > 0:
+		return fmt.Sprintf("t=%d pause type=%q tenant=%q scope=%s until=%d", op.at, op.req.Key.TaskType, op.req.Key.Tenant,
+			op.req.Quotas[0].Scope, op.pause)
+	case op.resume:
+		return fmt.Sprintf("t=%d resume type=%q tenant=%q scope=%s", op.at, op.req.Key.TaskType, op.req.Key.Tenant, op.req.Quotas[0].Scope)
 	}
 	var quotas []string
 	for _, q := range op.req.Quotas {
@@ -122,6 +130,28 @@ func (op modelOp) String() string {
 	return fmt.Sprintf("t=%d %s type=%q tenant=%q quotas=[%s] cost=%d member=%q token=%q w=%d wait=%v claim=%v timeout=%v -> %s",
 		op.at, op.why, op.req.Key.TaskType, op.req.Key.Tenant, strings.Join(quotas, " "), op.req.Cost, op.req.Member,
 		op.req.Reservation, op.req.Weight, op.req.MaxWait, op.req.ClaimWait, op.req.ClaimTimeout, op.decision)
+}
+
+// pauseOp makes op, a pause or a resume, on the script and the model, and returns the TTLs
+// the model says it sets and the server's clock before the call.
+func pauseOp(ctx context.Context, fail func(string, ...any), l *throttle.Limiter, m *model, op modelOp) (modelTTLs, int64) {
+	id := modelLogOf(op.req.Key, op.req.Quotas[0].Scope)
+	ttls, serverMS := modelTTLs{}, time.Now().UnixMilli() // before the call, as for a decision
+	if op.resume {
+		want := m.resume(id)
+		if got, err := l.Resume(ctx, op.req.Key, op.req.Quotas[0].Scope); err != nil || got != want {
+			fail("Resume = %v, %v; the model says %v", got, err, want)
+		}
+		return ttls, serverMS
+	}
+	if ttl := m.pause(id, op.pause, op.at); ttl > 0 {
+		lk, _, _ := id.keys(throttle.DefaultPrefix)
+		ttls[lk] = ttl
+	}
+	if err := l.PauseAt(ctx, op.req.Key, op.req.Quotas[0].Scope, time.UnixMilli(op.pause), time.UnixMilli(op.at)); err != nil {
+		fail("PauseAt: %v", err)
+	}
+	return ttls, serverMS
 }
 
 // modelTenants are tenant ids, several of them chosen to break a key or to look like
@@ -261,6 +291,37 @@ func (g *modelGen) next(m *model) modelOp {
 	case r < 23 && len(g.waiting) > 0: // its task was deleted: the sweeper releases it
 		w := g.waiting[g.rng.IntN(len(g.waiting))]
 		return modelOp{req: w.req, at: g.now, release: true, why: "release"}
+	case r < 25: // an upstream 429: a tenant's or a type's log paused, or the pause lifted
+		typ := g.types[g.rng.IntN(len(g.types))]
+		for typ.quotas == nil { // one with a fixed rule
+			typ = g.types[g.rng.IntN(len(g.types))]
+		}
+		key := throttle.Key{TaskType: typ.name, Tenant: modelTenants[g.rng.IntN(len(modelTenants))]}
+		scope := typ.quotas[g.rng.IntN(len(typ.quotas))].Scope
+		op := modelOp{req: throttle.Request{Key: key, Quotas: []throttle.Quota{{Scope: scope}}}, at: g.now, why: "pause"}
+		if g.rng.IntN(4) == 0 {
+			op.resume = true
+			return op
+		}
+		op.pause = g.now + (1+g.rng.Int64N(30))*modelUnit
+		if g.rng.IntN(5) == 0 {
+			op.pause = g.now - g.rng.Int64N(5*modelUnit) // already over: nothing to do
+		}
+		// Its tasks keep coming: during the pause, 1ms before its end, at it and after it, past
+		// the limit (the past pause then still sits in the log, among the sentinels).
+		ats := []int64{g.now + g.rng.Int64N(max(op.pause-g.now, 1)), op.pause - 1, op.pause}
+		for range g.rng.IntN(10) {
+			ats = append(ats, op.pause+g.rng.Int64N(3*modelUnit))
+		}
+		for _, at := range ats {
+			req := throttle.Request{Key: key, Quotas: typ.quotas, Cost: 1, Member: g.member()}
+			if g.rng.IntN(2) == 0 {
+				req.Reservation = g.token()
+			}
+			g.waits(&req)
+			g.plan = append(g.plan, modelOp{req: req, at: at, why: "afterPause"})
+		}
+		return op
 	}
 	typ := g.types[g.rng.IntN(len(g.types))]
 	if r := g.rng.IntN(100); typ.unit && r < 20 || (r < 3 || typ.big && r < 25) && typ.quotas != nil && slices.ContainsFunc(typ.quotas, func(q throttle.Quota) bool { return q.Scope == throttle.ScopeType }) {
@@ -320,6 +381,9 @@ func (g *modelGen) next(m *model) modelOp {
 // same event 1ms before RetryAt (denied, RetryAfter 1ms, if nothing changes meanwhile)
 // and at RetryAt (admitted if nothing is decided in between: rule 4).
 func (g *modelGen) done(op modelOp) {
+	if op.pause > 0 || op.resume {
+		return
+	}
 	if op.release {
 		g.waiting = slices.DeleteFunc(g.waiting, func(w modelOp) bool { return w.req.Reservation == op.req.Reservation })
 		return
@@ -371,7 +435,7 @@ func modelKeys(m *model, prefix string, taskType string, op modelOp) []string {
 			set[l], set[p], set[c] = true, true, true
 		}
 	}
-	if !op.release {
+	if !op.release || op.pause > 0 || op.resume {
 		for _, q := range op.req.Quotas {
 			l, p, c := modelLogOf(op.req.Key, q.Scope).keys(prefix)
 			set[l], set[p], set[c] = true, true, true
@@ -398,6 +462,9 @@ func checkKeys(fail func(string, ...any), m *model, prefix, taskType string, cal
 			if hasF {
 				lz = append(lz, redis.Z{Score: f, Member: "#f"})
 			}
+		}
+		if st.pause >= 0 {
+			lz = append(lz, redis.Z{Score: float64(st.pause - modelBase), Member: "#p"})
 		}
 		for _, e := range st.entries {
 			lz = append(lz, redis.Z{Score: float64(e.score), Member: e.name})
@@ -512,7 +579,7 @@ func TestLimiter_AllowAt_matchesModel(t *testing.T) {
 		}
 		for _, c := range []string{"admitted", "admittedAhead", "replay", "denied", "reserved", "heldNotDue",
 			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "fairSwap", "ghost", "candidate", "endSlot",
-			"oneLogReserved", "oneLogTypeReserved"} {
+			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume"} {
 			if total[c] == 0 {
 				t.Errorf("the fixed seeds never reach case %q: the model and the script are not compared there", c)
 			}
@@ -544,7 +611,11 @@ func runModel(t *testing.T, seed uint64, steps int) map[string]int {
 		}
 		var ttls modelTTLs
 		var serverMS int64
-		if op.release {
+		switch {
+		case op.pause > 0 || op.resume:
+			ttls, serverMS = pauseOp(ctx, fail, l, m, op)
+			stats[map[bool]string{true: "resume", false: "pause"}[op.resume]]++
+		case op.release:
 			want := m.release(op.req.Key.TaskType, op.req.Reservation)
 			got, err := l.Release(ctx, op.req.Key.TaskType, op.req.Reservation)
 			if err != nil || got != want {
@@ -553,7 +624,7 @@ func runModel(t *testing.T, seed uint64, steps int) map[string]int {
 			ttls = modelTTLs{}
 			serverMS = time.Now().UnixMilli()
 			stats["release"]++
-		} else {
+		default:
 			op.decision, ttls = m.decide(op.req, op.at)
 			serverMS = time.Now().UnixMilli() // the server's clock is this machine's: before the call
 			d, err := l.AllowAt(ctx, op.req, time.UnixMilli(op.at))
@@ -616,6 +687,8 @@ type modelStep struct {
 	claim   int64 // ClaimWait, ms
 	timeout int64 // ClaimTimeout, ms
 	release bool
+	pause   int64          // > 0: pause the log of quotas[0]'s scope until then (at: now)
+	resume  bool           // lift the pause of the log of quotas[0]'s scope
 	want    *modelDecision // nil: whatever the model decides
 }
 
@@ -634,7 +707,8 @@ func checkSequence(t *testing.T, steps []modelStep) *model {
 	for i, s := range steps {
 		op := modelOp{req: throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: s.tenant}, Quotas: s.quotas,
 			Cost: s.cost, Member: s.member, Reservation: s.token, Weight: s.weight, MaxWait: msDuration(s.wait),
-			ClaimWait: msDuration(s.claim), ClaimTimeout: msDuration(s.timeout)}, at: s.at, why: "step", release: s.release}
+			ClaimWait: msDuration(s.claim), ClaimTimeout: msDuration(s.timeout)}, at: s.at, why: "step", release: s.release,
+			pause: s.pause, resume: s.resume}
 		if op.req.Member == "" {
 			op.req.Member = fmt.Sprintf("m%d", i)
 		}
@@ -646,7 +720,10 @@ func checkSequence(t *testing.T, steps []modelStep) *model {
 		}
 		var ttls modelTTLs
 		var serverMS int64
-		if s.release {
+		if s.pause > 0 || s.resume {
+			ttls, serverMS = pauseOp(context.Background(), fail, l, m, op)
+			trace = append(trace, op.String())
+		} else if s.release {
 			want := m.release("api:call", s.token)
 			if got, err := l.Release(context.Background(), "api:call", s.token); err != nil || got != want {
 				fail("Release = %v, %v; the model says %v", got, err, want)

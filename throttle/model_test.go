@@ -118,6 +118,7 @@ type modelState struct {
 	hw, hiw int64            // -1: never written
 	flagC   bool             // C may hold entries
 	flagP   bool             // P may hold entries
+	pause   int64            // the "#p" member's instant: the end of a pause; -1: none
 }
 
 // modelLease is a lease record, without its creation instant (the server's clock).
@@ -147,7 +148,7 @@ func newModel(prefix string) *model {
 func (m *model) state(id modelLog) *modelState {
 	s := m.logs[id]
 	if s == nil {
-		s = &modelState{pending: map[string]int64{}, hw: -1, hiw: -1}
+		s = &modelState{pending: map[string]int64{}, hw: -1, hiw: -1, pause: -1}
 		m.logs[id] = s
 	}
 	return s
@@ -511,12 +512,12 @@ func (c *modelCall) pendingName() string { return strconv.Itoa(c.cost) + ":" + c
 
 // the decision before counts: which quota binds and at what instant the counts are taken
 type modelOutcome struct {
-	allowed, replay, reserved, held bool
-	binding                         int
-	countAt                         int64
-	retry                           int64
-	at                              int64
-	admittedBinding                 bool // the binding quota is the one with fewest left at at
+	allowed, replay, reserved, held, paused bool
+	binding                                 int
+	countAt                                 int64
+	retry                                   int64
+	at                                      int64
+	admittedBinding                         bool // the binding quota is the one with fewest left at at
 }
 
 func (c *modelCall) run() modelOutcome {
@@ -539,6 +540,18 @@ func (c *modelCall) run() modelOutcome {
 	}
 	if e := rl.st.entries.find(am); e != nil {
 		return modelOutcome{allowed: true, replay: true, at: e.score, admittedBinding: true}
+	}
+	// PAUSE: a log paused past now denies until the latest such end, writing nothing; the
+	// first quota on a log paused that long binds.
+	paused, pauseQ := c.now, -1
+	for i, cl := range c.quotaLog {
+		if cl.st.pause > paused {
+			paused, pauseQ = cl.st.pause, i
+		}
+	}
+	if pauseQ >= 0 {
+		m.notes["paused"]++
+		return modelOutcome{paused: true, binding: pauseQ, countAt: c.now, retry: paused - c.caller, at: c.now}
 	}
 	// Lapses: up to K_LAPSE per log, oldest first, of those pending at now - timeout or before.
 	for _, cl := range c.logs {
@@ -816,7 +829,7 @@ func (c *modelCall) reply(o modelOutcome) modelDecision {
 	count := func(i int, at int64) int {
 		return c.quotaLog[i].st.entries.sum(at-c.quotas[i].w, at)
 	}
-	d := modelDecision{Allowed: o.allowed, Replay: o.replay, Reserved: o.reserved, Held: o.held, At: o.at}
+	d := modelDecision{Allowed: o.allowed, Replay: o.replay, Reserved: o.reserved, Held: o.held, Paused: o.paused, At: o.at}
 	binding := o.binding
 	at := o.countAt
 	if o.allowed {
@@ -866,6 +879,27 @@ func (m *model) release(taskType, token string) bool {
 	delete(leases, token)
 	delete(perType(m.fairq, taskType), token)
 	return held
+}
+
+// pause pauses the log id until until, as Limiter.PauseAt at now does, and returns the
+// TTL it sets on the log, or -1 if it writes nothing (a pause already over): the pause's
+// end never moves earlier (ZADD GT); the TTL is set to until - now when the key has none,
+// as after every observed call.
+func (m *model) pause(id modelLog, until, now int64) int64 {
+	if until <= now {
+		return -1
+	}
+	st := m.state(id)
+	st.pause = max(st.pause, until)
+	return until - now
+}
+
+// resume lifts the log's pause, as Limiter.Resume does, and reports whether it had one.
+func (m *model) resume(id modelLog) bool {
+	st := m.state(id)
+	had := st.pause >= 0
+	st.pause = -1
+	return had
 }
 
 // sentinels returns the scores of the log's "#" and "#f" members as the contract says.

@@ -101,3 +101,23 @@ func TestLimiter_PauseAt(t *testing.T) {
 		t.Fatalf("PausedUntil after Resume: %v, %v; want no pause", ok, err)
 	}
 }
+
+// TestLimiter_AllowAt_pastPauseCountsAsSentinel: a pause that is over stays in the log
+// among the sentinels; reading an entry by rank skips it. Rule tenant=3/10s: A1-A3 run at
+// 0, 1, 2; the log is paused at 3 until 100. At 200, under a limit lowered to 1, N must
+// wait for the third entry of the window, A3, to leave: 10002.
+func TestLimiter_AllowAt_pastPauseCountsAsSentinel(t *testing.T) {
+	t.Parallel()
+	three := []throttle.Quota{msQuota(throttle.ScopeTenant, 3, 10_000)}
+	one := msQuota(throttle.ScopeTenant, 1, 10_000)
+	checkSequence(t, []modelStep{
+		{at: 0, tenant: "A", quotas: three, token: "A1"},
+		{at: 1, tenant: "A", quotas: three, token: "A2"},
+		{at: 2, tenant: "A", quotas: three, token: "A3"},
+		{at: 3, tenant: "A", quotas: three, pause: 100},
+		{at: 50, tenant: "A", quotas: three, token: "P", want: &modelDecision{Paused: true, Quota: three[0], Count: 3, Remaining: 0,
+			RetryAfter: msDuration(50), At: 50}},
+		{at: 200, tenant: "A", quotas: []throttle.Quota{one}, token: "N", want: &modelDecision{Reserved: true, Quota: one, Count: 3,
+			Remaining: 0, RetryAfter: msDuration(9_802), At: 200}},
+	})
+}
