@@ -8,6 +8,8 @@
 --   "@<cost>:<token>"      a reservation (token: the waiting task), or one claimed ahead
 --   "~<cost>:<token>@<ms>" a released weighted reservation that counts until it leaves
 --   "#", "#f"              sentinels, scored below -2^50 (see SKEW)
+--   "#p"                   a pause: -2^51 + the instant it ends (see PAUSE); counted with
+--                          the sentinels, in force while that instant is after now
 -- P beside it lists the log's pending reservations ("<cost>:<token>" scored at their
 -- instant), C its entries of cost > 1 ("<cum>|<L member>", <cum> 16 digits: the sum of
 -- cost - 1 over C's entries up to this one, in score order). So the slots of a window
@@ -55,6 +57,11 @@
 -- instant, keeping its tag. Waiting tenants so share the type's slots in proportion to
 -- their weights, and a share left unused goes to the others.
 --
+-- PAUSE. An event on a log paused until u > now (for an upstream 429) is denied until
+-- the latest such u, writing nothing, before lapses and claims: the binding quota is the
+-- first on a log paused that long. A pause never ends earlier when paused again (ZADD GT)
+-- and grows the log's TTL to last until u.
+--
 -- WEIGHTED ENTRIES. Inserting or removing a cost > 1 entry rewrites the <cum> of the C
 -- entries after it, at most K_RENUM. An event that could only be written before more than
 -- K_RENUM of them is placed at its earliest instant after C's newest entry instead; a
@@ -74,12 +81,15 @@
 --   then per quota i: limit, window_ms, now_ms - window_ms (strings); with more than one
 --   quota, a last ARGV of one digit per quota: the index of its log in KEYS.
 -- Returns {code, count, retry_after_ms, at_ms, binding, server_ms}: code = allowed (1) +
---   replay (2) + skewed (4) + reserved (8) + held (16); at_ms is the instant decided at,
+--   replay (2) + skewed (4) + reserved (8) + held (16) + paused (32); at_ms is the instant decided at,
 --   the admission's own when allowed; retry_after_ms counts from the caller's now_ms;
 --   count is the binding quota's (1-based; 1 if omitted) in the window ending at at_ms;
 --   server_ms is 0 (or omitted) when TIME was not read.
 -- ARGV for a release: 1 "r"   2 token; KEYS[1]: LEASES. Returns 1 if the token held a
 --   reservation, else 0.
+-- ARGV for a pause: 1 "p"   2 its end, ms   3 now_ms; KEYS[1]: the log. Returns 0 (nothing
+--   written) if it ends at or before now, else 1. For a resume: 1 "u"; KEYS[1]: the log.
+--   Returns 1 if the log had a pause, else 0.
 
 local K_SCAN, K_CAND, K_ITER, K_LAPSE, K_RENUM, K_FAIR = 64, 4, 3, 8, 32, 8
 local DEFAULT_CLAIM_TIMEOUT = 5000 -- ms, throttle.DefaultClaimTimeout
