@@ -163,10 +163,8 @@ repeat
         break
       end
     end
-    if redis.call('ZADD', key, 'NX', at, ARGV[2]) == 0 then
-      break -- the member was there: a replay (NX wrote nothing)
-    end
-    redis.call('ZADD', key, sentinel, '#')
+    -- The member is not in the log (ZMSCORE above, in this atomic call): one ZADD.
+    redis.call('ZADD', key, at, ARGV[2], sentinel, '#')
     redis.call('ZREMRANGEBYSCORE', key, FLOOR, lower)
     redis.call('PEXPIRE', key, ARGV[7])
     return {1, lo + 1, 0, now, 1, server_ms}
@@ -243,9 +241,6 @@ repeat
     end
   end
   local at = now == caller and ARGV[1] or string.format('%d', now)
-  if redis.call('ZADD', KEYS[rl], 'NX', at, ARGV[2]) == 0 then
-    break -- a replay (NX wrote nothing)
-  end
   local left = nil
   for i = 1, nq do
     if left == nil or lim[i] - lo[i] - 1 < left then
@@ -253,12 +248,8 @@ repeat
     end
   end
   local sentinel = now == caller and ARGV[3] or string.format('%d', 8 * now - BASE)
-  for j = 1, m do
-    if j == rl then
-      redis.call('ZADD', KEYS[j], sentinel, '#')
-    else
-      redis.call('ZADD', KEYS[j], at, ARGV[2], sentinel, '#')
-    end
+  for j = 1, m do -- the member is in none of them: the replay check's log has the longest window
+    redis.call('ZADD', KEYS[j], at, ARGV[2], sentinel, '#')
     redis.call('ZREMRANGEBYSCORE', KEYS[j], FLOOR, lower[wi[j]])
     redis.call('PEXPIRE', KEYS[j], ARGV[4 + 3 * wi[j]])
   end
