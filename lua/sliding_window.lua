@@ -8,8 +8,8 @@
 --   "@<cost>:<token>"      a reservation (token: the waiting task), or one claimed ahead
 --   "~<cost>:<token>@<ms>" a released weighted reservation that counts until it leaves
 --   "#", "#f"              sentinels, scored below -2^50 (see SKEW)
---   "#p"                   a pause: -2^51 + the instant it ends (see PAUSE); counted with
---                          the sentinels, in force while that instant is after now
+--   "#p"                   a pause: -2^51 + the instant it ends (see PAUSE); in force while
+--                          that instant is after now, removed by the first write after it
 -- P beside it lists the log's pending reservations ("<cost>:<token>" scored at their
 -- instant), C its entries of cost > 1 ("<cum>|<L member>", <cum> 16 digits: the sum of
 -- cost - 1 over C's entries up to this one, in score order). So the slots of a window
@@ -34,9 +34,9 @@
 -- or a bisection over ranks with <cum>). Logs alternate for at most K_ITER rounds, else the latest end slot
 -- wins (every log has room from its end slot on). Other loops state their bounds inline.
 --
--- SKEW. Sentinel "#" scores -2^51 + 8 * hw + flags, hw being the latest instant a write to
--- the log was decided at, flags telling whether C may hold entries (1), "#f" is there (2)
--- and P may hold entries (4); "#f" scores -2^51 + the latest instant ever written, when it
+-- SKEW. Sentinel "#" scores -2^51 + 16 * hw + flags, hw being the latest instant a write to
+-- the log was decided at, flags telling whether C may hold entries (1), "#f" is there (2),
+-- P may hold entries (4) and "#p" is there (8); "#f" scores -2^51 + the latest instant ever written, when it
 -- is after hw. A call stamped
 -- before hw is decided at hw, and its retry_after is given on its own clock. Writes trim
 -- entries at or before hw - W and never later ones, so no call can count a window another
@@ -60,7 +60,9 @@
 -- PAUSE. An event on a log paused until u > now (for an upstream 429) is denied until
 -- the latest such u, writing nothing, before lapses and claims: the binding quota is the
 -- first on a log paused that long. A pause never ends earlier when paused again (ZADD GT)
--- and grows the log's TTL to last until u.
+-- and grows the log's TTL to last until u. Flag 8 of "#" says "#p" is there: the fast and
+-- one-log paths hand such a log to general without reading "#p" (a member lookup is a
+-- scan of a small set's listpack).
 --
 -- WEIGHTED ENTRIES. Inserting or removing a cost > 1 entry rewrites the <cum> of the C
 -- entries after it, at most K_RENUM. An event that could only be written before more than
@@ -74,7 +76,7 @@
 -- share its hash tag, so its slot on a cluster.
 -- ARGV for a decision:
 --   1 now_ms ("": the server's TIME)   2 member (unique per event)   3 the sentinel score
---   for now_ms, as a string ("-2^51 + 8 * now_ms")   4 max_skew_ms ("0": trust now_ms)
+--   for now_ms, as a string ("-2^51 + 16 * now_ms")   4 max_skew_ms ("0": trust now_ms)
 --   5 "" for a cost-1 event with no reservation, else
 --     "<cost>:<wait>:<claim timeout>:<claim wait>:<weight>:<n>:<token><n>:<holder><tenant>"
 --     (times in ms; token and holder prefixed by their byte lengths)
@@ -122,25 +124,25 @@ repeat
     -- bounds go to Redis as the strings the caller computed (the sentinel at now, now -
     -- window), unless the log's high-water instant is later than the caller's now.
     local key, limit, w = KEYS[1], tonumber(ARGV[6]), tonumber(ARGV[7])
-    local r = redis.call('ZMSCORE', key, '#', ARGV[2], '#p') -- the sentinel, a replay, a pause
-    if r[2] or r[3] and r[3] + BASE > caller then
-      break -- a replay, or a pause that may be in force
+    local r = redis.call('ZMSCORE', key, '#', ARGV[2]) -- the sentinel, and a replay
+    if r[2] then
+      break -- a replay
     end
     local hs = r[1]
-    local sent, now = r[3] and 1 or 0, caller
+    local sent, now = 0, caller
     if hs then
       local x = hs + BASE
-      if x % 8 ~= 0 then
-        break -- weighted entries, entries ahead or reservations
+      if x % 16 ~= 0 then
+        break -- weighted entries, entries ahead, reservations or a pause
       end
-      sent = sent + 1
-      if x / 8 > now then
-        now = x / 8
+      sent = 1
+      if x / 16 > now then
+        now = x / 16
       end
     end
     local at, lower, sentinel = ARGV[1], ARGV[8], ARGV[3]
     if now ~= caller then
-      at, lower, sentinel = now, now - w, 8 * now - BASE
+      at, lower, sentinel = now, now - w, 16 * now - BASE
     end
     local old = redis.call('ZCOUNT', key, FLOOR, lower)
     local lo = redis.call('ZCARD', key) - sent - old
@@ -187,23 +189,27 @@ repeat
   end
   local now, sent, plain = caller, {}, true
   for j = 1, m do
-    -- The sentinel, a pause and, in the replay check's log, the member.
-    local r = redis.call('ZMSCORE', KEYS[j], '#', '#p', j == rl and ARGV[2] or '#')
-    if j == rl and r[3] or r[2] and r[2] + BASE > caller then
-      plain = false -- a replay, or a pause that may be in force
-      break
-    end
-    local hs = r[1]
-    sent[j] = r[2] and 1 or 0
-    if hs then
-      local x = hs + BASE
-      if x % 8 ~= 0 then -- weighted entries, entries ahead or reservations: general
+    local hs
+    if j == rl then
+      local r = redis.call('ZMSCORE', KEYS[j], '#', ARGV[2]) -- the sentinel, and a replay
+      if r[2] then
         plain = false
         break
       end
-      sent[j] = sent[j] + 1
-      if x / 8 > now then
-        now = x / 8
+      hs = r[1]
+    else
+      hs = redis.call('ZSCORE', KEYS[j], '#')
+    end
+    sent[j] = 0
+    if hs then
+      local x = hs + BASE
+      if x % 16 ~= 0 then -- weighted entries, entries ahead, reservations, a pause: general
+        plain = false
+        break
+      end
+      sent[j] = 1
+      if x / 16 > now then
+        now = x / 16
       end
     end
   end
@@ -247,7 +253,7 @@ repeat
       binding, left = i, lim[i] - lo[i] - 1
     end
   end
-  local sentinel = now == caller and ARGV[3] or string.format('%d', 8 * now - BASE)
+  local sentinel = now == caller and ARGV[3] or string.format('%d', 16 * now - BASE)
   for j = 1, m do -- the member is in none of them: the replay check's log has the longest window
     redis.call('ZADD', KEYS[j], at, ARGV[2], sentinel, '#')
     redis.call('ZREMRANGEBYSCORE', KEYS[j], FLOOR, lower[wi[j]])
@@ -286,18 +292,18 @@ repeat
   local key, member, token = KEYS[1], ARGV[2], string.sub(rest, 1, n)
   local pm = '1:' .. token
   -- The sentinels, a replay, and the token's reservation (its L entry: see the lapse check).
-  local r = redis.call('ZMSCORE', key, '#', '#f', member, '@' .. pm, '#p')
-  if r[3] or r[4] or r[5] and r[5] + BASE > caller then
-    break -- a replay, a claim, or a pause that may be in force
+  local r = redis.call('ZMSCORE', key, '#', '#f', member, '@' .. pm)
+  if r[3] or r[4] then
+    break -- a replay, or a claim
   end
   local flags, hw = 0, -1
   if r[1] then
     local x = tonumber(r[1]) + BASE
-    flags = x % 8
-    hw = (x - flags) / 8
+    flags = x % 16
+    hw = (x - flags) / 16
   end
-  if flags % 2 == 1 then
-    break -- weighted entries
+  if flags % 2 == 1 or flags >= 8 then
+    break -- weighted entries, or a pause (in force or past: general removes a past one)
   end
   local hiw = r[2] and (tonumber(r[2]) + BASE) or hw
   local limit, w = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -329,7 +335,7 @@ repeat
     if lo == limit then
       e = redis.call('ZRANGEBYSCORE', key, '(' .. lower, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
     else
-      local rank = (r[1] and 1 or 0) + (r[2] and 1 or 0) + (r[5] and 1 or 0) + redis.call('ZCOUNT', key, FLOOR, lower) + lo - limit
+      local rank = (r[1] and 1 or 0) + (r[2] and 1 or 0) + redis.call('ZCOUNT', key, FLOOR, lower) + lo - limit
       e = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
     end
     t = tonumber(e[2]) + w
@@ -394,7 +400,7 @@ repeat
     redis.call('ZADD', pkey, ts, pm)
     flags = 4 + flags % 4
   end
-  local add = {ts, t > now and ('@' .. pm) or member, string.format('%d', 8 * now + flags - flags % 4 + (hiw > now and 2 or 0) - BASE), '#'}
+  local add = {ts, t > now and ('@' .. pm) or member, string.format('%d', 16 * now + flags - flags % 4 + (hiw > now and 2 or 0) - BASE), '#'}
   if hiw > now then
     add[5], add[6] = string.format('%d', hiw - BASE), '#f'
   elseif r[2] then
@@ -493,8 +499,8 @@ local function load(log, member)
   log.pause = r[4] and (tonumber(r[4]) + BASE) or -1
   if r[1] then
     local x = tonumber(r[1]) + BASE
-    log.flags = x % 8
-    log.hw = (x - log.flags) / 8
+    log.flags = x % 16
+    log.hw = (x - log.flags) / 16
   else
     log.flags, log.hw = 0, -1
   end
@@ -509,7 +515,7 @@ local function has_c(log)
 end
 
 local function has_p(log)
-  return log.flags >= 4
+  return log.flags % 8 >= 4
 end
 
 -- extras is the sum of cost - 1 over the log's entries scored in (a, b].
@@ -835,11 +841,18 @@ local function finish(log, now, claim_timeout)
   end
   log.hw = math.max(log.hw, now)
   local add = log.add
-  local flags = log.flags - log.flags % 4 + log.flags % 2 -- bits 1 and 4, "#f" below
+  if log.pause >= 0 and log.pause <= now then -- a past pause: gone with this write
+    redis.call('ZREM', log.L, '#p')
+    log.pause = -1
+    if log.flags >= 8 then
+      log.flags = log.flags - 8
+    end
+  end
+  local flags = log.flags - log.flags % 4 + log.flags % 2 -- bits 1, 4 and 8; "#f" below
   if log.hiw > log.hw then
     flags = flags + 2
   end
-  add[#add + 1] = fmt(8 * log.hw + flags - BASE)
+  add[#add + 1] = fmt(16 * log.hw + flags - BASE)
   add[#add + 1] = '#'
   if log.hiw > log.hw then
     add[#add + 1] = fmt(log.hiw - BASE)
@@ -927,6 +940,13 @@ if ARGV[1] == 'p' then
     return 0 -- already over
   end
   redis.call('ZADD', KEYS[1], 'GT', string.format('%d', till - BASE), '#p')
+  -- Flag 8 of "#" sends every decision on the log to general (a log never written gets
+  -- "#" at hw 0).
+  local hs = redis.call('ZSCORE', KEYS[1], '#')
+  local x = hs and (tonumber(hs) + BASE) or 0
+  if x % 16 < 8 then
+    redis.call('ZADD', KEYS[1], string.format('%d', x + 8 - BASE), '#')
+  end
   local ttl = string.format('%d', till - now)
   if redis.call('PEXPIRE', KEYS[1], ttl, 'GT') == 0 then
     redis.call('PEXPIRE', KEYS[1], ttl, 'NX')
@@ -934,7 +954,14 @@ if ARGV[1] == 'p' then
   return 1
 end
 if ARGV[1] == 'u' then
-  return redis.call('ZREM', KEYS[1], '#p')
+  if redis.call('ZREM', KEYS[1], '#p') == 0 then
+    return 0
+  end
+  local hs = redis.call('ZSCORE', KEYS[1], '#')
+  if hs and (tonumber(hs) + BASE) % 16 >= 8 then
+    redis.call('ZADD', KEYS[1], string.format('%d', tonumber(hs) - 8), '#')
+  end
+  return 1
 end
 
 -- ---------------------------------------------------------------------------------------

@@ -133,12 +133,12 @@ func wantOutcome(t *testing.T, l *throttle.Limiter, req throttle.Request, at int
 	return d
 }
 
-// logFloor is below every instant and above the sentinels "#" and "#f" that every window
+// logFloor is below every instant and above the sentinels "#", "#f" and "#p" that a window
 // log keeps at scores below -2^50: ZCOUNT from it counts a log's entries only.
 const logFloor = "-1e15"
 
-// isSentinel reports whether a window log's member is one of its two sentinels.
-func isSentinel(member string) bool { return member == "#" || member == "#f" }
+// isSentinel reports whether a window log's member is a sentinel or its pause.
+func isSentinel(member string) bool { return member == "#" || member == "#f" || member == "#p" }
 
 // zcard is the number of entries (events and reservations) in the window log key, not
 // counting its sentinels. For a set that is not a window log it is its ZCARD.

@@ -269,8 +269,8 @@ func (l *Limiter) Resume(ctx context.Context, key Key, scope Scope) (bool, error
 }
 
 // PausedUntil returns the instant until which key's window log at scope is paused, and
-// false if it has no pause (a past one is returned, with true, until Resume lifts it or
-// the log expires). The error is ErrInvalid for an empty task type, or Redis's.
+// false if it has no pause (a past one is returned, with true, until the log's next write
+// after it, Resume or the log's expiry removes it). The error is ErrInvalid for an empty task type, or Redis's.
 func (l *Limiter) PausedUntil(ctx context.Context, key Key, scope Scope) (time.Time, bool, error) {
 	if key.TaskType == "" {
 		return time.Time{}, false, fmt.Errorf("%w: a pause needs a task type", ErrInvalid)
@@ -390,7 +390,7 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverCl
 	}
 	now, sentinel := "", ""
 	if !serverClock {
-		now, sentinel = strconv.FormatInt(nowMS, 10), strconv.FormatInt(8*nowMS-1<<51, 10)
+		now, sentinel = strconv.FormatInt(nowMS, 10), strconv.FormatInt(16*nowMS-1<<51, 10)
 	}
 	// extra is empty for the commonest call; the script's header documents its fields.
 	extra := ""

@@ -395,6 +395,9 @@ func (cl *callLog) finish(now, claimTimeout int64) int64 {
 		return -1
 	}
 	st := cl.st
+	if st.pause >= 0 && st.pause <= now { // a past pause goes with the first write after it
+		st.pause = -1
+	}
 	floor := now - cl.wmax
 	st.entries = slices.DeleteFunc(st.entries, func(e *modelEntry) bool { return e.score <= floor })
 	if st.flagC && len(st.entries.weighted()) == 0 {
@@ -891,6 +894,7 @@ func (m *model) pause(id modelLog, until, now int64) int64 {
 	}
 	st := m.state(id)
 	st.pause = max(st.pause, until)
+	st.hw = max(st.hw, 0) // a log never written gets its sentinel, to carry the pause's flag
 	return until - now
 }
 
@@ -914,7 +918,10 @@ func (st *modelState) sentinels() (hash float64, f float64, hasF bool) {
 	if st.hiw > st.hw {
 		flags += 2
 	}
-	hash = float64(8*st.hw + flags - modelBase)
+	if st.pause >= 0 {
+		flags += 8
+	}
+	hash = float64(16*st.hw + flags - modelBase)
 	if st.hiw > st.hw {
 		return hash, float64(st.hiw - modelBase), true
 	}
