@@ -75,7 +75,8 @@
 -- KEYS[1]'s "<prefix>:{<type>}:" base, as asynq's own scripts name keys from a base: they
 -- share its hash tag, so its slot on a cluster.
 -- ARGV for a decision:
---   1 now_ms ("": the server's TIME)   2 member (unique per event)   3 the sentinel score
+--   1 now_ms ("": the server's TIME)   2 member (unique per event), after a "!" when fresh
+--   (never sent before, so not a replay: not looked for)   3 the sentinel score
 --   for now_ms, as a string ("-2^51 + 16 * now_ms")   4 max_skew_ms ("0": trust now_ms)
 --   5 "" for a cost-1 event with no reservation, else
 --     "<cost>:<wait>:<claim timeout>:<claim wait>:<weight>:<n>:<token><n>:<holder><tenant>"
@@ -98,6 +99,12 @@ local DEFAULT_CLAIM_TIMEOUT = 5000 -- ms, throttle.DefaultClaimTimeout
 local BASE = 2251799813685248 -- 2^51
 local FLOOR = '-1125899906842624' -- -2^50: below every instant, above every sentinel
 local FAIR_UNIT = 1000000
+-- A key's TTL outlasts its newest entry by its longest window plus SLACK: 2 * max_skew
+-- (ARGV[4]). Entries are scored on the callers' clocks but keys expire on the server's;
+-- an admission may be stamped up to max_skew before the server's clock when it runs,
+-- and its entry up to max_skew after it, so a key expiring a window after its last write
+-- could vanish while a late-stamped call should still count its entries.
+local SLACK = ARGV[4] and ARGV[4] ~= '0' and 2 * tonumber(ARGV[4]) or 0
 
 -- ---------------------------------------------------------------------------------------
 -- The fast path: an event of cost 1 on logs that hold no reservation, no weighted entry
@@ -124,7 +131,10 @@ repeat
     -- bounds go to Redis as the strings the caller computed (the sentinel at now, now -
     -- window), unless the log's high-water instant is later than the caller's now.
     local key, limit, w = KEYS[1], tonumber(ARGV[6]), tonumber(ARGV[7])
-    local r = redis.call('ZMSCORE', key, '#', ARGV[2]) -- the sentinel, and a replay
+    -- The sentinel and, unless the member is fresh, a replay.
+    local fresh = string.byte(ARGV[2], 1) == 33
+    local member = fresh and string.sub(ARGV[2], 2) or ARGV[2]
+    local r = fresh and {redis.call('ZSCORE', key, '#')} or redis.call('ZMSCORE', key, '#', member)
     if r[2] then
       break -- a replay
     end
@@ -166,9 +176,9 @@ repeat
       end
     end
     -- The member is not in the log (ZMSCORE above, in this atomic call): one ZADD.
-    redis.call('ZADD', key, at, ARGV[2], sentinel, '#')
+    redis.call('ZADD', key, at, member, sentinel, '#')
     redis.call('ZREMRANGEBYSCORE', key, FLOOR, lower)
-    redis.call('PEXPIRE', key, ARGV[7])
+    redis.call('PEXPIRE', key, SLACK == 0 and ARGV[7] or string.format('%d', w + SLACK))
     return {1, lo + 1, 0, now, 1, server_ms}
   end
   local m, nq = #KEYS, (#ARGV - 6) / 3
@@ -187,11 +197,13 @@ repeat
       rl = j
     end
   end
+  local fresh = string.byte(ARGV[2], 1) == 33
+  local member = fresh and string.sub(ARGV[2], 2) or ARGV[2]
   local now, sent, plain = caller, {}, true
   for j = 1, m do
     local hs
-    if j == rl then
-      local r = redis.call('ZMSCORE', KEYS[j], '#', ARGV[2]) -- the sentinel, and a replay
+    if j == rl and not fresh then
+      local r = redis.call('ZMSCORE', KEYS[j], '#', member) -- the sentinel, and a replay
       if r[2] then
         plain = false
         break
@@ -255,9 +267,9 @@ repeat
   end
   local sentinel = now == caller and ARGV[3] or string.format('%d', 16 * now - BASE)
   for j = 1, m do -- the member is in none of them: the replay check's log has the longest window
-    redis.call('ZADD', KEYS[j], at, ARGV[2], sentinel, '#')
+    redis.call('ZADD', KEYS[j], at, member, sentinel, '#')
     redis.call('ZREMRANGEBYSCORE', KEYS[j], FLOOR, lower[wi[j]])
-    redis.call('PEXPIRE', KEYS[j], ARGV[4 + 3 * wi[j]])
+    redis.call('PEXPIRE', KEYS[j], SLACK == 0 and ARGV[4 + 3 * wi[j]] or string.format('%d', win[wi[j]] + SLACK))
   end
   return {1, lo[binding] + 1, 0, now, binding, server_ms}
 until true
@@ -289,11 +301,12 @@ repeat
     end
   end
   n = tonumber(n)
-  local key, member, token = KEYS[1], ARGV[2], string.sub(rest, 1, n)
+  local fresh = string.byte(ARGV[2], 1) == 33
+  local key, member, token = KEYS[1], fresh and string.sub(ARGV[2], 2) or ARGV[2], string.sub(rest, 1, n)
   local pm = '1:' .. token
   -- The sentinels, a replay, and the token's reservation (its L entry: see the lapse check).
-  local r = redis.call('ZMSCORE', key, '#', '#f', member, '@' .. pm)
-  if r[3] or r[4] then
+  local r = redis.call('ZMSCORE', key, '#', '#f', fresh and '#' or member, '@' .. pm)
+  if r[3] and not fresh or r[4] then
     break -- a replay, or a claim
   end
   local flags, hw = 0, -1
@@ -408,7 +421,7 @@ repeat
   end
   redis.call('ZADD', key, unpack(add))
   redis.call('ZREMRANGEBYSCORE', key, FLOOR, lower)
-  local ttl = (hiw > now and hiw or now) - now + w
+  local ttl = (hiw > now and hiw or now) - now + w + SLACK
   if flags >= 4 then
     ttl = ttl + ct
     redis.call('PEXPIRE', pkey, ttl)
@@ -863,7 +876,7 @@ local function finish(log, now, claim_timeout)
   redis.call('ZADD', log.L, unpack(add)) -- the queued entries (at most 3) and 2 sentinels
   log.add = {}
   redis.call('ZREMRANGEBYSCORE', log.L, FLOOR, floor)
-  local ttl = math.max(log.hiw, now) - now + log.wmax
+  local ttl = math.max(log.hiw, now) - now + log.wmax + SLACK
   if has_p(log) then
     ttl = ttl + claim_timeout
     redis.call('PEXPIRE', log.P, ttl)
@@ -997,7 +1010,8 @@ end
 -- Decide (op "d")
 
 local caller, server_ms, skewed = read_clock()
-local member = ARGV[2]
+local fresh = string.byte(ARGV[2], 1) == 33
+local member = fresh and string.sub(ARGV[2], 2) or ARGV[2]
 local cost, wait, claim_timeout, claim_wait, weight = 1, 0, DEFAULT_CLAIM_TIMEOUT, 0, 1
 local token, holder, tenant = '', '', ''
 if ARGV[5] ~= '' then
@@ -1044,7 +1058,7 @@ local am = cost > 1 and ('*' .. cost .. ':' .. member) or member -- the admissio
 local replayed_at = nil
 local now = caller
 for j = 1, m do
-  local s = load(logs[j], logs[j] == replay_log and am or nil)
+  local s = load(logs[j], logs[j] == replay_log and not fresh and am or nil)
   if s then
     replayed_at = tonumber(s)
   end
@@ -1339,7 +1353,7 @@ end
 redis.call('HSET', LEASES, token, cost .. ':' .. scopes .. ':' .. fmt(created) .. ':' .. #holder .. ':' .. holder .. tenant)
 local horizon = 0
 for j = 1, m do
-  horizon = math.max(horizon, math.max(t, logs[j].hiw) - now + logs[j].wmax + claim_timeout)
+  horizon = math.max(horizon, math.max(t, logs[j].hiw) - now + logs[j].wmax + claim_timeout + SLACK)
 end
 grow(LEASES, horizon)
 if tlog then

@@ -80,9 +80,15 @@ type Request struct {
 	// cost, the event is one entry in each log.
 	Cost int
 	// Member is the event's id in the window logs: at most 200 bytes, not starting with
-	// '@', '*', '~' or '#'. Defaults to NewMember(), 96 random bits. Pass the same Member
-	// to repeat a call whose reply was lost: an admission is never made twice.
+	// '@', '*', '~', '#' or '!'. Defaults to NewMember(), 96 random bits. Pass the same
+	// Member to repeat a call whose reply was lost: an admission is never made twice.
 	Member string
+	// Fresh says that no call with this Member was made before (this is not the repeat of a
+	// call whose reply was lost), so the script need not look for it as a replay: in a
+	// small log (a listpack, up to 128 entries) a member lookup is a scan of the log. A
+	// default Member is always fresh. Set it on a first attempt only: a repeat that set it
+	// could admit the event twice.
+	Fresh bool
 	// Reservation, if set, is the id of the waiting task the event belongs to (an asynq
 	// task id). A denied event then reserves the earliest instant at which every quota has
 	// room, counting every slot promised before, and RetryAfter says when that is. Called
@@ -359,9 +365,12 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverCl
 		return Decision{}, fmt.Errorf("%w: %s for tenant %q: instant %s is outside 1970-2109", ErrInvalid,
 			req.Key.TaskType, req.Key.Tenant, time.UnixMilli(nowMS).UTC().Format(time.RFC3339Nano))
 	}
-	member := req.Member
+	member, fresh := req.Member, req.Fresh
 	if member == "" {
-		member = NewMember()
+		member, fresh = NewMember(), true
+	}
+	if fresh { // the script's mark: not looked for (a member never starts with '!')
+		member = "!" + member
 	}
 	weight := max(req.Weight, 1)
 	claimTimeout := req.ClaimTimeout
@@ -465,8 +474,8 @@ func validate(req Request) (int, error) {
 	if cost < 1 {
 		return 0, invalid("cost %d is less than 1", cost)
 	}
-	if len(req.Member) > 200 || req.Member != "" && strings.ContainsAny(req.Member[:1], "@*~#") {
-		return 0, invalid("member %q: at most 200 bytes, not starting with '@', '*', '~' or '#'", req.Member)
+	if len(req.Member) > 200 || req.Member != "" && strings.ContainsAny(req.Member[:1], "@*~#!") {
+		return 0, invalid("member %q: at most 200 bytes, not starting with '@', '*', '~', '#' or '!'", req.Member)
 	}
 	if req.Weight < 0 || req.Weight > MaxWeight {
 		return 0, invalid("weight %d is outside [1, %d]", req.Weight, MaxWeight)

@@ -374,6 +374,9 @@ func (g *modelGen) next(m *model) modelOp {
 		req.Reservation = req.Member
 	}
 	g.waits(&req)
+	// A third are fresh, as the middleware's (an empty Member): never looked for, never
+	// retried.
+	req.Fresh = g.rng.IntN(3) == 0
 	return modelOp{req: req, at: g.now, why: "new"}
 }
 
@@ -388,7 +391,9 @@ func (g *modelGen) done(op modelOp) {
 		g.waiting = slices.DeleteFunc(g.waiting, func(w modelOp) bool { return w.req.Reservation == op.req.Reservation })
 		return
 	}
-	g.past = append(g.past, op)
+	if !op.req.Fresh {
+		g.past = append(g.past, op)
+	}
 	if len(g.past) > 50 {
 		g.past = g.past[1:]
 	}
@@ -579,7 +584,7 @@ func TestLimiter_AllowAt_matchesModel(t *testing.T) {
 		}
 		for _, c := range []string{"admitted", "admittedAhead", "replay", "denied", "reserved", "heldNotDue",
 			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "fairSwap", "ghost", "candidate", "endSlot",
-			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume"} {
+			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume", "fresh"} {
 			if total[c] == 0 {
 				t.Errorf("the fixed seeds never reach case %q: the model and the script are not compared there", c)
 			}
@@ -670,6 +675,7 @@ func countModelCase(stats map[string]int, op modelOp) {
 	// One quota, cost 1, a reservation token: the script's one-log path, or its hand-over.
 	oneLog := len(op.req.Quotas) == 1 && op.req.Cost <= 1 && op.req.Reservation != ""
 	inc("oneLogReserved", oneLog && d.Reserved && !d.Held)
+	inc("fresh", op.req.Fresh)
 	inc("oneLogTypeReserved", oneLog && d.Reserved && !d.Held && op.req.Quotas[0].Scope == throttle.ScopeType)
 }
 

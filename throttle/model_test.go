@@ -449,6 +449,7 @@ func modelDecisionOf(d throttle.Decision) modelDecision {
 type modelTTLs map[string]int64
 
 // decide decides req at now (ms, the caller's clock: AllowAt) and applies it to the model.
+// A Fresh request is never looked for as a replay.
 func (m *model) decide(req throttle.Request, now int64) (modelDecision, modelTTLs) {
 	c := &modelCall{m: m, req: req, caller: now, token: req.Reservation, holder: req.Holder,
 		tenant: url.PathEscape(req.Key.Tenant), wait: req.MaxWait.Milliseconds(), claimWait: req.ClaimWait.Milliseconds(),
@@ -541,7 +542,7 @@ func (c *modelCall) run() modelOutcome {
 			rl = cl
 		}
 	}
-	if e := rl.st.entries.find(am); e != nil {
+	if e := rl.st.entries.find(am); e != nil && !c.req.Fresh {
 		return modelOutcome{allowed: true, replay: true, at: e.score, admittedBinding: true}
 	}
 	// PAUSE: a log paused past now denies until the latest such end, writing nothing; the

@@ -3,6 +3,7 @@ package throttle_test
 import (
 	"context"
 	_ "embed"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,4 +98,40 @@ func TestLimiter_AllowAt_lateCallerDecidedAtHighWater(t *testing.T) {
 		{at: 2_050, tenant: "globex", quotas: []throttle.Quota{two}, want: &modelDecision{Quota: two, Count: 2, Remaining: 0,
 			RetryAfter: msDuration(1_050), At: 2_100}},
 	})
+}
+
+// TestLimiter_Allow_lateStampedCallAfterExpiry: a key's TTL outlasts its window by twice
+// MaxSkew, so a call stamped up to MaxSkew before the server's clock still counts what the
+// window holds. Rule tenant=1/200ms: A is admitted at c (the real clock); 300 ms later a
+// call stamped c + 10 ms (290 ms behind the real clock, within MaxSkew 1 s) runs. With a
+// TTL of only the window, Redis would have expired the key 100 ms before it, and B would
+// be admitted with A still in its window (c + 10 - 200, c + 10].
+func TestLimiter_Allow_lateStampedCallAfterExpiry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := redistest.Start(t)
+	var clock atomic.Int64
+	l, err := throttle.New(rdb, throttle.Config{NowFunc: func() time.Time { return time.UnixMilli(clock.Load()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: "acme"},
+		Quotas: []throttle.Quota{msQuota(throttle.ScopeTenant, 1, 200)}}
+	c := time.Now().UnixMilli()
+	clock.Store(c)
+	if d, err := l.Allow(ctx, req); err != nil || !d.Allowed {
+		t.Fatalf("A: %+v, %v; want admitted", d, err)
+	}
+	if ttl := rdb.PTTL(ctx, l.RedisKey(req.Key, throttle.ScopeTenant)).Val(); ttl <= 2*time.Second || ttl > 2200*time.Millisecond {
+		t.Errorf("TTL after A: %v; want the window plus twice MaxSkew, 2.2 s", ttl)
+	}
+	time.Sleep(300 * time.Millisecond)
+	clock.Store(c + 10)
+	d, err := l.Allow(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := outcomeOf(d), (outcome{Quota: req.Quotas[0], Count: 1, RetryAfter: 190 * time.Millisecond, At: c + 10}); got != want {
+		t.Errorf("B: got %v, want %v", got, want)
+	}
 }

@@ -503,6 +503,7 @@ func (m *middleware) allow(ctx context.Context, req throttle.Request) (throttle.
 		giveUp = dl
 	}
 	backoff := 50 * time.Millisecond
+	req.Fresh = true // the first attempt: its member was never sent, so it is no replay
 	for {
 		start := time.Now()
 		d, err := m.lim.Allow(ctx, req)
@@ -510,6 +511,7 @@ func (m *middleware) allow(ctx context.Context, req throttle.Request) (throttle.
 		if err == nil || errors.Is(err, throttle.ErrInvalid) || !m.now().Add(backoff).Before(giveUp) {
 			return d, err
 		}
+		req.Fresh = false // the script may have decided it: a repeat is looked for
 		select {
 		case <-ctx.Done():
 			return d, err
