@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -13,7 +14,8 @@ import (
 // backend is the Redis a run uses, and how to let go of it.
 type backend struct {
 	rdb   redis.UniversalClient
-	name  string // for the report
+	name  string                          // for the report
+	ping  func(ctx context.Context) error // checks that rdb answers, saying what is wrong if not
 	close func()
 }
 
@@ -30,7 +32,12 @@ func openBackend() (*backend, error) {
 			return nil, err
 		}
 		rdb := cfg.NewClient()
-		return &backend{rdb: rdb, name: "Redis " + cfg.Addr, close: func() { _ = rdb.Close() }}, nil
+		name := "Redis " + cfg.Addr
+		if cfg.MasterName != "" {
+			name = fmt.Sprintf("Redis Sentinel master %q via %s", cfg.MasterName, cfg.Addr)
+		}
+		return &backend{rdb: rdb, name: name, close: func() { _ = rdb.Close() },
+			ping: func(ctx context.Context) error { return cfg.Ping(ctx, rdb) }}, nil
 	}
 	m, err := miniredis.Run()
 	if err != nil {
@@ -41,6 +48,7 @@ func openBackend() (*backend, error) {
 	return &backend{
 		rdb:  rdb,
 		name: "embedded miniredis " + m.Addr() + " (set REDIS_ADDR to use a real Redis)",
+		ping: func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
 		close: func() {
 			_ = rdb.Close()
 			m.Close()

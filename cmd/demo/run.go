@@ -49,6 +49,9 @@ func workerLimit(o options) throttle.Limit {
 	return throttle.Limit{Events: o.APILimit, Window: o.APIWindow + o.Margin}
 }
 
+// pingTimeout bounds the check that Redis answers, before anything is enqueued.
+const pingTimeout = 5 * time.Second
+
 // run executes one demo on be: it starts the fake API and a throttled asynq worker,
 // enqueues the tasks, waits until all are completed, the -timeout passes or ctx ends,
 // stops the worker, and reports what happened. An error means the run could not happen
@@ -63,7 +66,10 @@ func run(ctx context.Context, o options, be *backend, prog progress, logw io.Wri
 	if err != nil {
 		return Report{}, err
 	}
-	if err := be.rdb.Ping(ctx).Err(); err != nil {
+	pingCtx, cancel := context.WithTimeout(ctx, pingTimeout)
+	err = be.ping(pingCtx)
+	cancel()
+	if err != nil {
 		return Report{}, fmt.Errorf("%s: %w", be.name, err)
 	}
 
