@@ -87,7 +87,7 @@ func run(ctx context.Context, o options, be *backend, prog progress, logw io.Wri
 	if err != nil {
 		return Report{}, err
 	}
-	mw, err := worker.New(lim, worker.Config{Rules: rules, Redis: be.rdb, DecisionFunc: j.decided,
+	mw, err := worker.New(lim, worker.Config{Rules: rules, Redis: be.rdb, DecisionFunc: j.decided, NoEvictionCheck: be.embedded,
 		// Wake re-queued tasks as early as this server's forwarder (100ms, below) and
 		// asynq's whole-second retry times need: 1s + 100ms + 250ms for polling.
 		WakeLead: time.Second + 100*time.Millisecond + 250*time.Millisecond})

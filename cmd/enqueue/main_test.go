@@ -554,7 +554,7 @@ func TestRun_enqueueQuota(t *testing.T) {
 // TestRun_sentinel enqueues through Sentinel: REDIS_ADDR lists the sentinels of
 // redistest.StartSentinel, REDIS_MASTER_NAME names their master. With ENQUEUE_QUOTA the
 // quota is decided there too: 2 of each tenant's 3 tasks are enqueued, on the primary, and
-// the quota's logs are the primary's; both reach the replica.
+// the quota's logs, each with a TTL, are the primary's; both reach the replica.
 func TestRun_sentinel(t *testing.T) {
 	s := redistest.StartSentinel(t)
 	setRedisEnv(t, strings.Join(s.Addrs, ","))
@@ -586,6 +586,11 @@ func TestRun_sentinel(t *testing.T) {
 		slices.Sort(keys)
 		if want := []string{"throttle:enqueue:{api:call}:tenant:acme", "throttle:enqueue:{api:call}:tenant:globex"}; err != nil || !slices.Equal(keys, want) {
 			t.Errorf("quota keys on the %s = %q, %v; want %q", name, keys, err, want)
+		}
+		for _, k := range keys {
+			if ttl, err := rdb.PTTL(ctx, k).Result(); err != nil || ttl <= 0 {
+				t.Errorf("PTTL %s on the %s = %v, %v; want > 0", k, name, ttl, err)
+			}
 		}
 	}
 }
