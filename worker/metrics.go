@@ -119,6 +119,11 @@ type Metrics struct {
 	// (ReloadOK, ReloadError). It is a hook: the code that reloads overrides increments
 	// it; NewMetrics starts both results at 0. asynq_throttle_override_reloads_total.
 	OverrideReloads *prometheus.CounterVec
+	// EvictionPolicyUnsafe is 1 once a check at start (New, CheckEvictionPolicy) found a
+	// Redis whose maxmemory-policy is not NoEviction, so that a full Redis may evict the
+	// limiter's window logs; 0 otherwise, also when the policy could not be read (New
+	// logs that). asynq_throttle_eviction_policy_unsafe.
+	EvictionPolicyUnsafe prometheus.Gauge
 
 	reservations *reservationsGauge // asynq_throttle_reservations_held, read at scrape time
 	tenants      *tenantLabels      // nil without MetricsConfig.TenantLabel
@@ -134,7 +139,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 // asynq_throttle_clock_skew_seconds, asynq_throttle_delay_seconds,
 // asynq_throttle_script_duration_seconds, asynq_throttle_tasks_waiting,
 // asynq_throttle_redis_errors_total, asynq_throttle_pauses_active,
-// asynq_throttle_override_reloads_total and asynq_throttle_reservations_held.
+// asynq_throttle_override_reloads_total, asynq_throttle_eviction_policy_unsafe and
+// asynq_throttle_reservations_held.
 //
 // asynq_throttle_reservations_held{task_type} is read at each scrape: the reservations
 // held on the logs of each task type that a middleware using these metrics throttles, as
@@ -199,6 +205,10 @@ func NewMetricsWithConfig(reg prometheus.Registerer, cfg MetricsConfig) (*Metric
 	}, []string{"result"})
 	m.OverrideReloads.WithLabelValues(ReloadOK)    // both series exist from the start,
 	m.OverrideReloads.WithLabelValues(ReloadError) // so that rate() and alerts see 0
+	m.EvictionPolicyUnsafe = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "asynq_throttle_eviction_policy_unsafe",
+		Help: "1 if Redis's maxmemory-policy, read at start, is not noeviction: a full Redis may evict the limiter's window logs.",
+	})
 	m.reservations = &reservationsGauge{
 		desc: prometheus.NewDesc("asynq_throttle_reservations_held",
 			"Reservations held on the task type's window logs (all workers'), read at scrape time.",
@@ -206,7 +216,7 @@ func NewMetricsWithConfig(reg prometheus.Registerer, cfg MetricsConfig) (*Metric
 		errors: m.RedisErrors,
 	}
 	collectors := []prometheus.Collector{m.Decisions, m.SkewFallbacks, m.ClockSkew, m.ThrottleDelay,
-		m.ScriptDuration, m.TasksWaiting, m.RedisErrors, m.PausesActive, m.OverrideReloads, m.reservations}
+		m.ScriptDuration, m.TasksWaiting, m.RedisErrors, m.PausesActive, m.OverrideReloads, m.EvictionPolicyUnsafe, m.reservations}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			for _, done := range collectors[:i] { // all or nothing, so that a retry can work

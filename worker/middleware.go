@@ -38,9 +38,13 @@ type Config struct {
 	// counts against the tenant "": one bucket shared by all untagged tasks of its type.
 	TenantHeader string
 	// Redis is the client of the Redis that asynq uses (often the limiter's too). The
-	// middleware re-enqueues there the copy of a denied task that has no retry left.
+	// middleware re-enqueues there the copy of a denied task that has no retry left. New
+	// reads its maxmemory-policy (CheckEvictionPolicy) and warns unless it is NoEviction.
 	// Required.
 	Redis redis.UniversalClient
+	// NoEvictionCheck skips New's check of Redis's maxmemory-policy, for a Redis that has
+	// no such setting (an embedded miniredis). Defaults to false: New checks.
+	NoEvictionCheck bool
 	// FailOpen runs a task unthrottled when the limiter cannot decide (Redis unreachable
 	// or timing out past UnavailableWait). Defaults to false: fail closed, the task does
 	// not run and comes back after UnavailableRetryDelay, not counted as a failure.
@@ -114,8 +118,9 @@ type Config struct {
 	// context.Background(): the life of the process.
 	Context context.Context
 	// Logger receives a line for every task that can never fit (bad cost, cost over a
-	// limit), each fail-open run, and clock-skew fallbacks (at most one a minute).
-	// Defaults to slog.Default().
+	// limit), each fail-open run, clock-skew fallbacks (at most one a minute), and, from
+	// New, Redis's maxmemory-policy if it is not NoEviction or cannot be read. Defaults to
+	// slog.Default().
 	Logger *slog.Logger
 	// Metrics, if set, records decisions by task type and outcome, delays, limiter calls,
 	// tasks waiting in handlers and the reservations held (see NewMetrics).
@@ -191,6 +196,12 @@ type middleware struct {
 // retries it at the right time without counting a failure), or, if asynq would archive
 // it because it has no retry left, is re-enqueued as a copy due at the retry instant.
 //
+// With at least one rule and unless cfg.NoEvictionCheck, New reads the maxmemory-policy
+// of cfg.Redis (CheckEvictionPolicy, within 2s and cfg.Context) and logs one line unless it
+// is NoEviction: a warning (and Metrics.EvictionPolicyUnsafe set to 1) for another
+// policy, an Info line if it cannot read it (CONFIG renamed or forbidden). Either way New
+// goes on.
+//
 // New returns an error if lim or cfg.Redis is nil, a rule is invalid (Rule.Validate), two
 // rules name one task type, or cfg.OverrideInterval is negative. With cfg.Overrides it
 // reads them before it returns (see Config.Overrides).
@@ -265,7 +276,17 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 	if err := m.startSweep(cfg); err != nil {
 		return nil, err
 	}
-	m.metrics.throttles(lim, m.limits.Load().taskTypes(), m.reserve)
+	types := m.limits.Load().taskTypes()
+	if len(types) > 0 && !cfg.NoEvictionCheck {
+		ctx := cfg.Context
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		ctx, cancel := context.WithTimeout(ctx, evictionCheckTimeout)
+		_, _ = CheckEvictionPolicy(ctx, cfg.Redis, m.log, m.metrics) // logged; a worker runs either way
+		cancel()
+	}
+	m.metrics.throttles(lim, types, m.reserve)
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 			return m.process(ctx, task, next)

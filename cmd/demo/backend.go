@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -12,9 +13,13 @@ import (
 
 // backend is the Redis a run uses, and how to let go of it.
 type backend struct {
-	rdb   redis.UniversalClient
-	name  string // for the report
-	close func()
+	rdb  redis.UniversalClient
+	name string                          // for the report
+	ping func(ctx context.Context) error // checks that rdb answers, saying what is wrong if not
+	// embedded is true for the in-process miniredis, which has no maxmemory-policy for
+	// the worker to check (it has no CONFIG).
+	embedded bool
+	close    func()
 }
 
 // openBackend connects to the Redis of the REDIS_* variables (redisenv) if REDIS_ADDR is
@@ -30,7 +35,12 @@ func openBackend() (*backend, error) {
 			return nil, err
 		}
 		rdb := cfg.NewClient()
-		return &backend{rdb: rdb, name: "Redis " + cfg.Addr, close: func() { _ = rdb.Close() }}, nil
+		name := "Redis " + cfg.Addr
+		if cfg.MasterName != "" {
+			name = fmt.Sprintf("Redis Sentinel master %q via %s", cfg.MasterName, cfg.Addr)
+		}
+		return &backend{rdb: rdb, name: name, close: func() { _ = rdb.Close() },
+			ping: func(ctx context.Context) error { return cfg.Ping(ctx, rdb) }}, nil
 	}
 	m, err := miniredis.Run()
 	if err != nil {
@@ -39,8 +49,10 @@ func openBackend() (*backend, error) {
 	m.ClockTTL(true)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	return &backend{
-		rdb:  rdb,
-		name: "embedded miniredis " + m.Addr() + " (set REDIS_ADDR to use a real Redis)",
+		rdb:      rdb,
+		name:     "embedded miniredis " + m.Addr() + " (set REDIS_ADDR to use a real Redis)",
+		ping:     func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
+		embedded: true,
 		close: func() {
 			_ = rdb.Close()
 			m.Close()

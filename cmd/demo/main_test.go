@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
 func TestRealMain_badFlags(t *testing.T) {
@@ -166,5 +167,35 @@ func TestRealMain_timeout(t *testing.T) {
 		if tr.Completed+tr.Pending != 10 || tr.Lost != 0 || tr.Archived != 0 {
 			t.Errorf("%s: %d completed + %d pending, %d lost, %d archived; want 10 + 0 + 0", tr.Tenant, tr.Completed, tr.Pending, tr.Lost, tr.Archived)
 		}
+	}
+}
+
+// TestRealMain_sentinel runs the small demo through Sentinel: REDIS_ADDR lists the
+// sentinels of redistest.StartSentinel and REDIS_MASTER_NAME names their master. The run
+// is the same as on one Redis, and it ran on the primary: the limiter's keys are there.
+// An unknown master name exits 1 and says so.
+func TestRealMain_sentinel(t *testing.T) {
+	s := redistest.StartSentinel(t)
+	sentinels := strings.Join(s.Addrs, ",")
+	setRedisEnv(t, sentinels)
+	t.Setenv("REDIS_MASTER_NAME", "mymaster")
+	checkSmallRun(t, `Redis Sentinel master "mymaster" via `+sentinels)
+	primary := s.Primary.Client()
+	lim, err := throttle.New(primary, throttle.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tenant := range []string{"acme", "globex", "initech"} {
+		k := lim.RedisKey(throttle.Key{TaskType: taskType, Tenant: tenant}, throttle.ScopeTenant)
+		if ttl, err := primary.PTTL(context.Background(), k).Result(); err != nil || ttl <= 0 {
+			t.Errorf("window log %s on the primary: PTTL %v, %v; want it there, expiring", k, ttl, err)
+		}
+	}
+
+	t.Setenv("REDIS_MASTER_NAME", "nosuch")
+	var stdout, stderr bytes.Buffer
+	want := `demo: Redis Sentinel master "nosuch" via ` + sentinels + `: redisenv: no Sentinel in REDIS_ADDR="` + sentinels + `" knows REDIS_MASTER_NAME="nosuch"` + "\n"
+	if code := realMain(context.Background(), []string{"-n", "1"}, &stdout, &stderr); code != 1 || stderr.String() != want {
+		t.Errorf("exit %d, stderr %q; want 1 and %q", code, stderr.String(), want)
 	}
 }

@@ -49,6 +49,9 @@ func workerLimit(o options) throttle.Limit {
 	return throttle.Limit{Events: o.APILimit, Window: o.APIWindow + o.Margin}
 }
 
+// pingTimeout bounds the check that Redis answers, before anything is enqueued.
+const pingTimeout = 5 * time.Second
+
 // run executes one demo on be: it starts the fake API and a throttled asynq worker,
 // enqueues the tasks, waits until all are completed, the -timeout passes or ctx ends,
 // stops the worker, and reports what happened. An error means the run could not happen
@@ -63,7 +66,10 @@ func run(ctx context.Context, o options, be *backend, prog progress, logw io.Wri
 	if err != nil {
 		return Report{}, err
 	}
-	if err := be.rdb.Ping(ctx).Err(); err != nil {
+	pingCtx, cancel := context.WithTimeout(ctx, pingTimeout)
+	err = be.ping(pingCtx)
+	cancel()
+	if err != nil {
 		return Report{}, fmt.Errorf("%s: %w", be.name, err)
 	}
 
@@ -81,7 +87,7 @@ func run(ctx context.Context, o options, be *backend, prog progress, logw io.Wri
 	if err != nil {
 		return Report{}, err
 	}
-	mw, err := worker.New(lim, worker.Config{Rules: rules, Redis: be.rdb, DecisionFunc: j.decided,
+	mw, err := worker.New(lim, worker.Config{Rules: rules, Redis: be.rdb, DecisionFunc: j.decided, NoEvictionCheck: be.embedded,
 		// Wake re-queued tasks as early as this server's forwarder (100ms, below) and
 		// asynq's whole-second retry times need: 1s + 100ms + 250ms for polling.
 		WakeLead: time.Second + 100*time.Millisecond + 250*time.Millisecond})

@@ -550,3 +550,47 @@ func TestRun_enqueueQuota(t *testing.T) {
 		t.Errorf("second run: stdout =\n%s\nwant\n%s", stdout.String(), want)
 	}
 }
+
+// TestRun_sentinel enqueues through Sentinel: REDIS_ADDR lists the sentinels of
+// redistest.StartSentinel, REDIS_MASTER_NAME names their master. With ENQUEUE_QUOTA the
+// quota is decided there too: 2 of each tenant's 3 tasks are enqueued, on the primary, and
+// the quota's logs, each with a TTL, are the primary's; both reach the replica.
+func TestRun_sentinel(t *testing.T) {
+	s := redistest.StartSentinel(t)
+	setRedisEnv(t, strings.Join(s.Addrs, ","))
+	t.Setenv("REDIS_MASTER_NAME", "mymaster")
+	t.Setenv("ENQUEUE_QUOTA", "tenant=2/24h")
+	now := func() time.Time { return time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC) }
+	var stdout, stderr bytes.Buffer
+	code := runAt(context.Background(), []string{"-tenants", "acme,globex", "-n", "3"}, &stdout, &stderr, now)
+	if code != exitRefused {
+		t.Fatalf("exit %d, want %d; stderr:\n%s", code, exitRefused, stderr.String())
+	}
+	want := `enqueued 4 of 6 tasks of type api:call to queue default; ENQUEUE_QUOTA "tenant=2/24h" refused 2, of 2 tenants
+  "acme": 2 enqueued, 1 refused; the first, task 3, by tenant=2/24h: retry after 24h0m0s
+  "globex": 2 enqueued, 1 refused; the first, task 3, by tenant=2/24h: retry after 24h0m0s
+`
+	if stdout.String() != want {
+		t.Errorf("stdout =\n%s\nwant\n%s", stdout.String(), want)
+	}
+	ctx := context.Background()
+	if n, err := s.Client().Wait(ctx, 1, 5000).Result(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1 5000 = %d, %v; want the replica caught up", n, err)
+	}
+	for name, srv := range map[string]*redistest.Server{"primary": s.Primary, "replica": s.Replica} {
+		rdb := srv.Client()
+		if got, want := pendingByHeader(t, rdb, "default", producer.TenantHeader), map[string]int{"acme": 2, "globex": 2}; !reflect.DeepEqual(got, want) {
+			t.Errorf("pending tasks on the %s by tenant = %v, want %v", name, got, want)
+		}
+		keys, err := rdb.Keys(ctx, "throttle:enqueue:*").Result()
+		slices.Sort(keys)
+		if want := []string{"throttle:enqueue:{api:call}:tenant:acme", "throttle:enqueue:{api:call}:tenant:globex"}; err != nil || !slices.Equal(keys, want) {
+			t.Errorf("quota keys on the %s = %q, %v; want %q", name, keys, err, want)
+		}
+		for _, k := range keys {
+			if ttl, err := rdb.PTTL(ctx, k).Result(); err != nil || ttl <= 0 {
+				t.Errorf("PTTL %s on the %s = %v, %v; want > 0", k, name, ttl, err)
+			}
+		}
+	}
+}

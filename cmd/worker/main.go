@@ -93,7 +93,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rdb := cfg.Redis.NewClient() // one client for the limiter, the middleware and asynq
 	defer rdb.Close()
 	pingCtx, cancel := context.WithTimeout(ctx, redisPingTimeout)
-	err = rdb.Ping(pingCtx).Err()
+	err = cfg.Redis.Ping(pingCtx, rdb) // for Sentinel it says what is wrong: the addresses, the name, the master
 	cancel()
 	if err != nil {
 		fmt.Fprintf(stderr, "worker: Redis at REDIS_ADDR=%q does not answer: %v\n", cfg.Redis.Addr, err)

@@ -122,6 +122,7 @@ func TestRun_metrics(t *testing.T) {
 		}},
 		{"asynq_throttle_pauses_active", []series{{"", "0"}}},
 		{"asynq_throttle_override_reloads_total", []series{{"result=error", "0"}, {"result=ok", "0"}}},
+		{"asynq_throttle_eviction_policy_unsafe", []series{{"", "0"}}}, // redistest's servers run noeviction
 		{"asynq_throttle_clock_skew_fallbacks_total", nil},
 	}
 	for _, tc := range tests {

@@ -10,15 +10,19 @@
 //	REDIS_DB           database number, >= 0. Defaults to 0. Redis Cluster has only 0.
 //
 // A command builds one client with Config.NewClient and shares it with asynq through
-// asynq.NewClientFromRedisClient, NewServerFromRedisClient and NewInspectorFromRedisClient.
+// asynq.NewClientFromRedisClient, NewServerFromRedisClient and NewInspectorFromRedisClient;
+// Config.Ping checks it at start and, for Sentinel, says what is wrong in the variables'
+// terms.
 package redisenv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kelseyhightower/envconfig"
 	"github.com/redis/go-redis/v9"
@@ -154,6 +158,49 @@ func (c Config) UniversalOptions() *redis.UniversalOptions {
 // *FromRedisClient constructors.
 func (c Config) NewClient() redis.UniversalClient {
 	return redis.NewUniversalClient(c.UniversalOptions())
+}
+
+// sentinelAskTimeout bounds each question Ping asks a Sentinel.
+const sentinelAskTimeout = time.Second
+
+// Ping sends PING through rdb, a client made by c.NewClient, and returns nil if Redis
+// answers. Otherwise, without MasterName, it returns go-redis's error. With MasterName
+// set, go-redis says "all sentinels specified in configuration are unreachable" even when
+// they answered but do not know the name, so Ping asks each Sentinel in Addr for the
+// master (SENTINEL GET-MASTER-ADDR-BY-NAME, within 1s each, even if ctx has ended: go-redis
+// keeps retrying an unreachable Sentinel for about half a minute, so give ctx a deadline)
+// and says which it is, naming the variables:
+//
+//	redisenv: no Sentinel in REDIS_ADDR="s1:26379,s2:26379" answers: <the first error>
+//	redisenv: no Sentinel in REDIS_ADDR="s1:26379,s2:26379" knows REDIS_MASTER_NAME="nosuch"
+//	redisenv: the master of REDIS_MASTER_NAME="mymaster" at 10.0.0.5:6379 (says Sentinel s1:26379) does not answer: <error>
+func (c Config) Ping(ctx context.Context, rdb redis.UniversalClient) error {
+	err := rdb.Ping(ctx).Err()
+	if err == nil || c.MasterName == "" {
+		return err
+	}
+	var firstErr error
+	answered := false
+	for _, a := range c.Addrs() {
+		askCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sentinelAskTimeout)
+		sc := redis.NewSentinelClient(&redis.Options{Addr: a, MaxRetries: -1})
+		addr, serr := sc.GetMasterAddrByName(askCtx, c.MasterName).Result()
+		_ = sc.Close()
+		cancel()
+		switch {
+		case serr == nil && len(addr) == 2:
+			return fmt.Errorf("redisenv: the master of REDIS_MASTER_NAME=%q at %s (says Sentinel %s) does not answer: %w",
+				c.MasterName, net.JoinHostPort(addr[0], addr[1]), a, err)
+		case errors.Is(serr, redis.Nil): // it answered: no such master
+			answered = true
+		case firstErr == nil:
+			firstErr = fmt.Errorf("%s: %w", a, serr)
+		}
+	}
+	if answered {
+		return fmt.Errorf("redisenv: no Sentinel in REDIS_ADDR=%q knows REDIS_MASTER_NAME=%q", c.Addr, c.MasterName)
+	}
+	return fmt.Errorf("redisenv: no Sentinel in REDIS_ADDR=%q answers: %w", c.Addr, firstErr)
 }
 
 // String describes c for logs in the variables' terms, hiding the password:

@@ -1,13 +1,17 @@
 package redisenv_test
 
 import (
+	"context"
 	"os"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
-	"github.com/redis/go-redis/v9"
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 )
 
 // vars are the variables Load reads; each case starts with all of them unset.
@@ -203,5 +207,78 @@ func TestConfig_String_hidesPassword(t *testing.T) {
 	}
 	if strings.Contains(got, "s3cret") {
 		t.Errorf("String() reveals the password: %s", got)
+	}
+}
+
+// TestConfig_NewClient_sentinel: with REDIS_ADDR listing the sentinels of a running
+// deployment (redistest.StartSentinel) and REDIS_MASTER_NAME its master name, Load and
+// NewClient give a client that Ping finds answering and that writes to the primary, in the
+// REDIS_DB database; the write reaches the replica. Ping says what is wrong otherwise: a
+// master name no Sentinel knows, Sentinels that do not answer, a master that does not.
+func TestConfig_NewClient_sentinel(t *testing.T) {
+	s := redistest.StartSentinel(t)
+	ctx := context.Background()
+	sentinels := strings.Join(s.Addrs, ",")
+	load := func(env map[string]string) (redisenv.Config, redis.UniversalClient) {
+		t.Helper()
+		setEnv(t, env)
+		cfg, err := redisenv.Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdb := cfg.NewClient()
+		t.Cleanup(func() { _ = rdb.Close() })
+		return cfg, rdb
+	}
+
+	cfg, rdb := load(map[string]string{"REDIS_ADDR": sentinels, "REDIS_MASTER_NAME": "mymaster", "REDIS_DB": "3"})
+	if err := cfg.Ping(ctx, rdb); err != nil {
+		t.Fatalf("Ping through %s: %v", cfg, err)
+	}
+	if err := rdb.Set(ctx, "greeting", "hello", 0).Err(); err != nil {
+		t.Fatalf("SET through %s: %v", cfg, err)
+	}
+	if n, err := rdb.Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		t.Errorf("WAIT 1 5000 = %d, %v; want 1 replica", n, err)
+	}
+	for name, srv := range map[string]*redistest.Server{"primary": s.Primary, "replica": s.Replica} {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, DB: 3})
+		if got, err := c.Get(ctx, "greeting").Result(); err != nil || got != "hello" {
+			t.Errorf("GET greeting in database 3 of the %s = %q, %v; want hello", name, got, err)
+		}
+		if n, err := srv.Client().DBSize(ctx).Result(); err != nil || n != 0 {
+			t.Errorf("database 0 of the %s holds %d keys, %v; want none", name, n, err)
+		}
+		_ = c.Close()
+	}
+
+	cfg, rdb = load(map[string]string{"REDIS_ADDR": sentinels, "REDIS_MASTER_NAME": "nosuch"})
+	want := `redisenv: no Sentinel in REDIS_ADDR="` + sentinels + `" knows REDIS_MASTER_NAME="nosuch"`
+	if err := cfg.Ping(ctx, rdb); err == nil || err.Error() != want {
+		t.Errorf("Ping with an unknown master name: %v\nwant %s", err, want)
+	}
+
+	down := redistest.StartServer(t)
+	down.Stop()
+	cfg, rdb = load(map[string]string{"REDIS_ADDR": down.Addr, "REDIS_MASTER_NAME": "mymaster"})
+	want = `redisenv: no Sentinel in REDIS_ADDR="` + down.Addr + `" answers: ` + down.Addr + `: dial tcp ` + down.Addr + `: connect: connection refused`
+	// go-redis's failover client retries its dials for half a minute: a command's own
+	// deadline ends that, as cmd/worker's does at start; Ping's questions to the
+	// Sentinels have their own.
+	pingCtx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if err := cfg.Ping(pingCtx, rdb); err == nil || err.Error() != want {
+		t.Errorf("Ping with no Sentinel up: %v\nwant %s", err, want)
+	}
+
+	// Without a replica to promote, the sentinels keep naming the dead primary.
+	s.Replica.Stop()
+	s.Primary.Stop()
+	cfg, rdb = load(map[string]string{"REDIS_ADDR": s.Addrs[0], "REDIS_MASTER_NAME": "mymaster"})
+	want = `redisenv: the master of REDIS_MASTER_NAME="mymaster" at ` + s.Primary.Addr + ` (says Sentinel ` + s.Addrs[0] + `) does not answer: `
+	pingCtx, cancel = context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if err := cfg.Ping(pingCtx, rdb); err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("Ping with the master down: %v\nwant %s...", err, want)
 	}
 }

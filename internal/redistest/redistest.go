@@ -1,6 +1,7 @@
 // Package redistest starts throwaway redis-server processes for tests: each on a free
 // loopback port, persistence off, stopped by t.Cleanup. Tests own their servers, so they
 // can flush, stop and restart them freely. StartCluster joins several into a Redis Cluster;
+// StartSentinel starts a primary, a replica and 3 sentinels that monitor them;
 // StartServerPinned binds one to a CPU core for benchmarks, and ReadStats reads what it
 // reports in INFO about the work it did.
 //
@@ -33,6 +34,7 @@ type Server struct {
 	port   int
 	dir    string   // working directory, kept across Restart so AOF or RDB files survive
 	runner []string // command that runs redis-server, e.g. taskset -c 1; nil: run it directly
+	head   []string // arguments before the defaults, kept across Restart: a config file, --sentinel
 	mu     sync.Mutex
 	cmd    *exec.Cmd     // nil while stopped
 	exited chan struct{} // closed when cmd has exited
@@ -83,7 +85,8 @@ func tasksetRunner(cpu int) ([]string, error) {
 }
 
 // startServer is StartServer with the port chosen by pickPort and extra arguments that
-// may name the server's port or directory (argsFor is called once per attempt).
+// may name the server's port or directory (argsFor is called once per attempt, before the
+// server starts; it may also set s.head, e.g. to a config file it wrote in s.dir).
 func startServer(tb testing.TB, pickPort func(testing.TB) int, argsFor func(s *Server) []string) *Server {
 	tb.Helper()
 	return startServerWith(tb, pickPort, nil, argsFor)
@@ -130,8 +133,8 @@ func (s *Server) Restart(extraArgs ...string) {
 }
 
 func (s *Server) start(path string, extraArgs []string) error {
-	args := append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir}, extraArgs...)
+	args := slices.Concat(s.head, []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir}, extraArgs)
 	if len(s.runner) > 0 { // the runner execs redis-server: the process is still the server
 		path, args = s.runner[0], slices.Concat(s.runner[1:], []string{path}, args)
 	}
