@@ -242,8 +242,8 @@ func printExplain(e *env, j explainJSON) int {
 			if j.Reserved {
 				slot = "it would get its slot"
 			}
-			fmt.Fprintf(w, "  %s at %s (retry after %s), with %d reservations waiting ahead of it\n", slot, fmtTime(*j.RetryAt),
-				time.Duration(j.RetryAfterMS)*time.Millisecond, j.WaitingAhead)
+			fmt.Fprintf(w, "  %s at %s (retry after %s), with %s waiting ahead of it\n", slot, fmtTime(*j.RetryAt),
+				time.Duration(j.RetryAfterMS)*time.Millisecond, count(int(j.WaitingAhead), "reservation"))
 		}
 	}
 	fmt.Fprintf(w, "  rule: %s (%s; tenant quotas from %s; weight %d)\n", j.Rule, j.RuleFrom, j.QuotasFrom, j.Weight)

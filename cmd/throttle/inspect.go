@@ -301,7 +301,7 @@ func printInspect(e *env, j inspectJSON, tf targetFlags) {
 		if t.Rule != "" {
 			rule = "rule " + t.Rule + " (" + t.RuleFrom + ")"
 		}
-		fmt.Fprintf(e.stdout, "\n%s: %s; %d reservations waiting\n", display(t.TaskType), rule, t.Reservations)
+		fmt.Fprintf(e.stdout, "\n%s: %s; %s waiting\n", display(t.TaskType), rule, count(t.Reservations, "reservation"))
 		if len(t.Logs) > 0 {
 			tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "  LOG\tENTRIES\tOLDEST\tNEWEST\tRESERVATIONS\tPAUSED UNTIL\tQUOTA\tUSED\tNEXT SLOT")

@@ -273,7 +273,7 @@ func TestInspect(t *testing.T) {
 
 	wantRun(t, []string{"inspect", "-at", rfc(now), "-tenant", "acme"}, exitOK, `throttle keys (prefix throttle) at 2026-03-04T10:00:01.900Z, overrides version 0
 
-in:call: rule in:call tenant=3/10s tenant=5/1m type=10/1s (default rule); 1 reservations waiting
+in:call: rule in:call tenant=3/10s tenant=5/1m type=10/1s (default rule); 1 reservation waiting
   LOG            ENTRIES  OLDEST                              NEWEST                              RESERVATIONS  PAUSED UNTIL              QUOTA         USED  NEXT SLOT
   tenant "acme"  2        2026-03-04T10:00:00.000Z admission  2026-03-04T10:00:01.000Z admission  0             2026-03-04T10:00:30.000Z  tenant=3/10s  3/3   2026-03-04T10:00:10.000Z
                                                                                                                                           tenant=5/1m   3/5   now
@@ -409,7 +409,7 @@ func TestReset(t *testing.T) {
 		t.Fatalf("setup: acme's keys %q, want %q", got, acmeKeys)
 	}
 	all := keys("*")
-	prompt := `reset rs:call for tenant "acme": delete 2 keys, after releasing 1 reservations:
+	prompt := `reset rs:call for tenant "acme": delete 2 keys, after releasing 1 reservation:
   throttle:{rs:call}:pending:tenant:acme
   throttle:{rs:call}:tenant:acme
 Delete them? [y/N] `
@@ -427,7 +427,7 @@ Delete them? [y/N] `
 		}
 	}
 	code, out, errOut := cliIn(t, "y\n", "reset", "-type", "rs:call", "-tenant", "acme")
-	if code != exitOK || errOut != prompt || out != "reset rs:call for tenant \"acme\": deleted 2 keys, released 1 reservations\n" {
+	if code != exitOK || errOut != prompt || out != "reset rs:call for tenant \"acme\": deleted 2 keys, released 1 reservation\n" {
 		t.Errorf("reset answered y: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	if got := keys("throttle:{rs:call}:*tenant:acme"); len(got) != 0 {

@@ -104,9 +104,9 @@ func runReset(e *env, args []string) int {
 		return e.fail(exitNotFound, "reset: nothing to reset: no key of %s", strings.TrimPrefix(target, "every key of "))
 	}
 	if !*yes {
-		fmt.Fprintf(e.stderr, "reset %s: delete %d keys", target, len(keys))
+		fmt.Fprintf(e.stderr, "reset %s: delete %s", target, count(len(keys), "key"))
 		if len(tokens) > 0 {
-			fmt.Fprintf(e.stderr, ", after releasing %d reservations", len(tokens))
+			fmt.Fprintf(e.stderr, ", after releasing %s", count(len(tokens), "reservation"))
 		}
 		fmt.Fprintln(e.stderr, ":")
 		for i, k := range keys {
@@ -148,6 +148,6 @@ func runReset(e *env, args []string) int {
 	if e.json {
 		return e.printJSON(j)
 	}
-	fmt.Fprintf(e.stdout, "reset %s: deleted %d keys, released %d reservations\n", target, len(keys), released)
+	fmt.Fprintf(e.stdout, "reset %s: deleted %s, released %s\n", target, count(len(keys), "key"), count(released, "reservation"))
 	return exitOK
 }

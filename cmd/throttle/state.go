@@ -24,6 +24,14 @@ import (
 // "#p") is scored below it (lua/sliding_window.lua, SKEW), every event at or above.
 const floorScore = "-1125899906842624" // -2^50
 
+// count is n and word, plural unless n is 1: "1 key", "2 keys".
+func count(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}
+
 // timeLayout prints instants: UTC, to the millisecond, as the limiter keeps them.
 const timeLayout = "2006-01-02T15:04:05.000Z07:00"
 
