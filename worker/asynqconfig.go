@@ -30,14 +30,14 @@ const DefaultTaskCheckInterval = 100 * time.Millisecond
 // WrapConfig returns a copy of cfg set up for throttled tasks; the caller's own functions
 // still handle every other error:
 //
-//   - IsFailure is false for throttle.ErrDenied and ErrUnavailable (asynq then keeps
-//     Retried and the failed count as they are); otherwise cfg.IsFailure, or asynq's
-//     default (every error is a failure).
-//   - RetryDelayFunc waits until a denial's RetryAt rounded up to a whole second, and
-//     UnavailableRetryDelay for ErrUnavailable; otherwise cfg.RetryDelayFunc, or
-//     asynq.DefaultRetryDelayFunc.
-//   - ErrorHandler is not called for denials and deferrals; it is for everything else,
-//     ErrUnavailable included.
+//   - IsFailure is false for throttle.ErrDenied, ErrBackpressure and ErrUnavailable
+//     (asynq then keeps Retried and the failed count as they are); otherwise
+//     cfg.IsFailure, or asynq's default (every error is a failure).
+//   - RetryDelayFunc waits until a denial's RetryAt (or a *BackpressureError's) rounded
+//     up to a whole second, and UnavailableRetryDelay for ErrUnavailable; otherwise
+//     cfg.RetryDelayFunc, or asynq.DefaultRetryDelayFunc.
+//   - ErrorHandler is not called for denials, backpressure and deferrals; it is for
+//     everything else, ErrUnavailable included.
 //   - DelayedTaskCheckInterval defaults to DefaultDelayedTaskCheckInterval (500ms).
 //   - TaskCheckInterval defaults to DefaultTaskCheckInterval (100ms).
 func WrapConfig(cfg asynq.Config) asynq.Config {
@@ -45,7 +45,7 @@ func WrapConfig(cfg asynq.Config) asynq.Config {
 	cfg.RetryDelayFunc = RetryDelayFunc(cfg.RetryDelayFunc)
 	if h := cfg.ErrorHandler; h != nil {
 		cfg.ErrorHandler = asynq.ErrorHandlerFunc(func(ctx context.Context, task *asynq.Task, err error) {
-			if !errors.Is(err, throttle.ErrDenied) {
+			if !errors.Is(err, throttle.ErrDenied) && !errors.Is(err, ErrBackpressure) {
 				h.HandleError(ctx, task, err)
 			}
 		})
@@ -59,12 +59,12 @@ func WrapConfig(cfg asynq.Config) asynq.Config {
 	return cfg
 }
 
-// IsFailureFunc returns an asynq.Config.IsFailure that is false for throttle.ErrDenied and
-// ErrUnavailable, and otherwise asks fallback (nil: every non-nil error is a failure, as
-// asynq's default).
+// IsFailureFunc returns an asynq.Config.IsFailure that is false for throttle.ErrDenied,
+// ErrBackpressure and ErrUnavailable, and otherwise asks fallback (nil: every non-nil
+// error is a failure, as asynq's default).
 func IsFailureFunc(fallback func(error) bool) func(error) bool {
 	return func(err error) bool {
-		if errors.Is(err, throttle.ErrDenied) || errors.Is(err, ErrUnavailable) {
+		if errors.Is(err, throttle.ErrDenied) || errors.Is(err, ErrBackpressure) || errors.Is(err, ErrUnavailable) {
 			return false
 		}
 		if fallback != nil {
@@ -74,11 +74,11 @@ func IsFailureFunc(fallback func(error) bool) func(error) bool {
 	}
 }
 
-// RetryDelayFunc returns an asynq.RetryDelayFunc that, for a *throttle.DeniedError,
-// returns the time from now until its RetryAt rounded up to a whole second (asynq stores
-// retry times as truncated whole seconds, so an unrounded delay could bring the task back
-// up to 1s early, to be denied again); for ErrUnavailable UnavailableRetryDelay; and
-// otherwise asks fallback (nil: asynq.DefaultRetryDelayFunc).
+// RetryDelayFunc returns an asynq.RetryDelayFunc that, for a *throttle.DeniedError or a
+// *BackpressureError, returns the time from now until its RetryAt rounded up to a whole
+// second (asynq stores retry times as truncated whole seconds, so an unrounded delay could
+// bring the task back up to 1s early, to be denied again); for ErrUnavailable
+// UnavailableRetryDelay; and otherwise asks fallback (nil: asynq.DefaultRetryDelayFunc).
 func RetryDelayFunc(fallback asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 	if fallback == nil {
 		fallback = asynq.DefaultRetryDelayFunc
@@ -94,9 +94,12 @@ func RetryDelayFunc(fallback asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 // retryDelay is RetryDelayFunc's rule at the instant now.
 func retryDelay(now time.Time, err error) (time.Duration, bool) {
 	var denied *throttle.DeniedError
+	var bp *BackpressureError
 	switch {
 	case errors.As(err, &denied):
 		return max(ceilSecond(denied.RetryAt).Sub(now), 0), true
+	case errors.As(err, &bp):
+		return max(ceilSecond(bp.RetryAt).Sub(now), 0), true
 	case errors.Is(err, ErrUnavailable):
 		return UnavailableRetryDelay, true
 	}

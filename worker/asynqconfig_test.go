@@ -34,6 +34,8 @@ var errorKinds = []struct {
 	{name: "DeniedWrapped", err: fmt.Errorf("handler: %w", deniedErr(time.Now().Add(time.Second))), throttled: true},
 	{name: "DeniedDeferred", err: fmt.Errorf("%w; deferred as task x:deferred:1: %w", deniedErr(time.Now()), asynq.RevokeTask), throttled: true},
 	{name: "Unavailable", err: fmt.Errorf("%w: %w", worker.ErrUnavailable, io.EOF), throttled: true},
+	{name: "Backpressure", err: fmt.Errorf("worker: the tenant's quota paused until x: call the API: %w",
+		&worker.BackpressureError{StatusCode: 429, RetryAfter: 3 * time.Second, RetryAt: time.Now().Add(3 * time.Second)}), throttled: true},
 	{name: "Other", err: errors.New("upstream 500"), throttled: false},
 	{name: "Rejected", err: fmt.Errorf("worker: rule %q: %w: %w", "x tenant=5/1m", worker.ErrBadCost, asynq.SkipRetry), throttled: false},
 }
@@ -142,10 +144,11 @@ func TestWrapConfig(t *testing.T) {
 	for _, tc := range errorKinds {
 		handled = nil
 		cfg.ErrorHandler.HandleError(context.Background(), task, tc.err)
+		quiet := errors.Is(tc.err, throttle.ErrDenied) || errors.Is(tc.err, worker.ErrBackpressure)
 		switch {
-		case errors.Is(tc.err, throttle.ErrDenied) && len(handled) != 0:
-			t.Errorf("%s: ErrorHandler called for a denial", tc.name)
-		case !errors.Is(tc.err, throttle.ErrDenied) && (len(handled) != 1 || handled[0] != tc.err):
+		case quiet && len(handled) != 0:
+			t.Errorf("%s: ErrorHandler called for a denial or a backpressure", tc.name)
+		case !quiet && (len(handled) != 1 || handled[0] != tc.err):
 			t.Errorf("%s: ErrorHandler got %v, want exactly [%v]", tc.name, handled, tc.err)
 		}
 		if cfg.IsFailure(tc.err) {

@@ -167,7 +167,8 @@ func outcomes(t *testing.T, m *worker.Metrics, taskType string) map[string]float
 
 // allOutcomes lists every outcome label.
 var allOutcomes = []string{worker.OutcomeAdmitted, worker.OutcomeWaited, worker.OutcomeDenied, worker.OutcomeDeferred,
-	worker.OutcomeUnavailable, worker.OutcomeFailedOpen, worker.OutcomeRejected, worker.OutcomeOverdue}
+	worker.OutcomeUnavailable, worker.OutcomeFailedOpen, worker.OutcomeRejected, worker.OutcomeOverdue,
+	worker.OutcomeBackpressure, worker.OutcomePaused}
 
 // wantOutcomes returns every outcome at 0 except those given.
 func wantOutcomes(nonZero map[string]float64) map[string]float64 {

@@ -25,6 +25,14 @@ const (
 	OutcomeFailedOpen  = "failed_open" // the limiter could not decide; the task ran (Config.FailOpen)
 	OutcomeRejected    = "rejected"    // the task can never fit (bad cost, cost over a limit): archived
 	OutcomeOverdue     = "overdue"     // it would wait past Rule.MaxDelay or its deadline: Rule.Overdue applied
+	// OutcomeBackpressure: the handler ran and returned a *BackpressureError (the API
+	// answered 429 or 503); its quota was paused and the task re-queued for the
+	// Retry-After, retry budget untouched (see Backpressure).
+	OutcomeBackpressure = "backpressure"
+	// OutcomePaused: denied because its quota is paused (throttle.Decision.Paused, after a
+	// backpressure here or on another worker, or cmd/throttle pause); re-queued for the
+	// pause's end, retry budget untouched, or replaced by a copy if it had no retry left.
+	OutcomePaused = "paused"
 )
 
 // Limiter calls timed by Metrics.ScriptDuration and counted by Metrics.RedisErrors, one
@@ -33,6 +41,7 @@ const (
 	CallAllow        = "allow"        // throttle.Limiter.Allow: one decision (one script call)
 	CallCancel       = "cancel"       // throttle.Limiter.Cancel: an overdue task gives up its reservation
 	CallReservations = "reservations" // throttle.Limiter.Reservations, listed at scrape time (RedisErrors only)
+	CallPause        = "pause"        // throttle.Limiter.Pause: a handler's BackpressureError pauses a quota
 )
 
 // Values of the "result" label of Metrics.OverrideReloads.
@@ -91,12 +100,15 @@ type Metrics struct {
 	// seconds (it includes part of the round trip). asynq_throttle_clock_skew_seconds.
 	ClockSkew prometheus.Gauge
 	// ThrottleDelay is the delay, in seconds, that the throttle gave a task it held back,
-	// by task_type and outcome: "waited", the Decision.Delay sat out in the handler; or
+	// by task_type and outcome: "waited", the Decision.Delay sat out in the handler;
 	// "denied" and "deferred", the Decision.RetryAfter until its slot (its reservation's
-	// instant), re-queued meanwhile. asynq_throttle_delay_seconds, buckets from 5ms to 1h.
+	// instant), re-queued meanwhile; "paused", the Decision.RetryAfter until its quota's
+	// pause ends; "backpressure", the BackpressureError's RetryAfter.
+	// asynq_throttle_delay_seconds, buckets from 5ms to 1h.
 	ThrottleDelay *prometheus.HistogramVec
 	// ScriptDuration is the time, in seconds, of each limiter call as the worker sees it
-	// (the round trip and the script), by task_type and call (CallAllow, CallCancel);
+	// (the round trip and the script), by task_type and call (CallAllow, CallCancel,
+	// CallPause);
 	// calls that fail are included. A task whose decision is retried while Redis cannot
 	// answer makes one call per attempt. asynq_throttle_script_duration_seconds, buckets
 	// from 100us to 2.5s.
@@ -107,13 +119,16 @@ type Metrics struct {
 	TasksWaiting *prometheus.GaugeVec
 	// RedisErrors counts limiter calls that failed with a Redis error (unreachable,
 	// timed out, or a context that ended), by task_type and call (CallAllow, CallCancel,
-	// CallReservations). Invalid requests (throttle.ErrInvalid) are not Redis errors.
+	// CallReservations, CallPause). Invalid requests (throttle.ErrInvalid) are not Redis errors.
 	// asynq_throttle_redis_errors_total.
 	RedisErrors *prometheus.CounterVec
 	// PausesActive is the number of pauses (upstream backpressure: a tenant's or a task
-	// type's quota paused until an instant) in force that this worker knows of. It is a
-	// hook: the code that pauses and resumes quotas sets it; NewMetrics starts it at 0.
-	// asynq_throttle_pauses_active.
+	// type's quota paused until an instant) that middlewares using these metrics set
+	// (a handler returned a *BackpressureError) and whose end has not passed: one per
+	// window log, however often it was paused again. Pauses set by other processes (other
+	// workers, cmd/throttle pause) are not counted, and a cmd/throttle resume is not seen:
+	// aggregate with sum over workers for the pauses in force, roughly. NewMetrics starts
+	// it at 0. asynq_throttle_pauses_active.
 	PausesActive prometheus.Gauge
 	// OverrideReloads counts the reloads of runtime overrides and tiers, by result
 	// (ReloadOK, ReloadError). It is a hook: the code that reloads overrides increments
@@ -127,6 +142,7 @@ type Metrics struct {
 
 	reservations *reservationsGauge // asynq_throttle_reservations_held, read at scrape time
 	tenants      *tenantLabels      // nil without MetricsConfig.TenantLabel
+	pauses       *pauseSet          // the pauses behind PausesActive
 }
 
 // NewMetrics is NewMetricsWithConfig(reg, MetricsConfig{}): no tenant label.
@@ -167,7 +183,7 @@ func NewMetricsWithConfig(reg prometheus.Registerer, cfg MetricsConfig) (*Metric
 	}
 	m.Decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "asynq_throttle_decisions_total",
-		Help: "Throttled tasks by task type and outcome: admitted, waited, denied, deferred, unavailable, failed_open, rejected, overdue.",
+		Help: "Throttled tasks by task type and outcome: admitted, waited, denied, deferred, unavailable, failed_open, rejected, overdue, shadow_denied, backpressure, paused.",
 	}, decisionLabels)
 	m.SkewFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "asynq_throttle_clock_skew_fallbacks_total",
@@ -179,7 +195,7 @@ func NewMetricsWithConfig(reg prometheus.Registerer, cfg MetricsConfig) (*Metric
 	})
 	m.ThrottleDelay = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "asynq_throttle_delay_seconds",
-		Help:    "Delay the throttle gave a task: waited (sat out in the handler), denied or deferred (until its slot, re-queued).",
+		Help:    "Delay the throttle gave a task: waited (sat out in the handler), denied or deferred (until its slot, re-queued), paused or backpressure (until the pause ends).",
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600},
 	}, []string{"task_type", "outcome"})
 	m.ScriptDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -197,8 +213,9 @@ func NewMetricsWithConfig(reg prometheus.Registerer, cfg MetricsConfig) (*Metric
 	}, []string{"task_type", "call"})
 	m.PausesActive = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "asynq_throttle_pauses_active",
-		Help: "Quota pauses (upstream backpressure) in force that this worker knows of.",
+		Help: "Quota pauses (upstream backpressure) that this worker set and whose end has not passed.",
 	})
+	m.pauses = newPauseSet(m.PausesActive, time.Now)
 	m.OverrideReloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "asynq_throttle_override_reloads_total",
 		Help: "Reloads of runtime overrides and tiers, by result (ok, error: the last good set stays).",
@@ -281,6 +298,7 @@ func (m *Metrics) throttles(lim *throttle.Limiter, taskTypes []string, reservati
 		m.TasksWaiting.WithLabelValues(tt)
 		m.RedisErrors.WithLabelValues(tt, CallAllow)
 		m.RedisErrors.WithLabelValues(tt, CallCancel)
+		m.RedisErrors.WithLabelValues(tt, CallPause)
 		if reservations {
 			m.RedisErrors.WithLabelValues(tt, CallReservations)
 		}
@@ -288,6 +306,58 @@ func (m *Metrics) throttles(lim *throttle.Limiter, taskTypes []string, reservati
 	if reservations {
 		m.reservations.watch(lim, taskTypes)
 	}
+}
+
+// paused records that key's log (a Redis key) is paused until until; m may be nil.
+func (m *Metrics) paused(key string, until time.Time) {
+	if m != nil {
+		m.pauses.add(key, until)
+	}
+}
+
+// pauseSet is the set of pauses behind Metrics.PausesActive: the latest end of each
+// paused window log. It is safe for concurrent use.
+type pauseSet struct {
+	gauge prometheus.Gauge
+	now   func() time.Time
+
+	mu    sync.Mutex
+	until map[string]time.Time // by log key; none whose end has passed after a refresh
+}
+
+func newPauseSet(g prometheus.Gauge, now func() time.Time) *pauseSet {
+	return &pauseSet{gauge: g, now: now, until: map[string]time.Time{}}
+}
+
+// add records a pause of key until until (a later end than one recorded wins, as in the
+// limiter), sets the gauge, and arranges a refresh once it ends.
+func (p *pauseSet) add(key string, until time.Time) {
+	p.mu.Lock()
+	if until.After(p.until[key]) {
+		p.until[key] = until
+	}
+	now := p.now()
+	p.refreshLocked(now)
+	p.mu.Unlock()
+	if wait := until.Sub(now); wait > 0 {
+		time.AfterFunc(wait+time.Millisecond, p.refresh)
+	}
+}
+
+// refresh forgets the pauses that have ended and sets the gauge to those left.
+func (p *pauseSet) refresh() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refreshLocked(p.now())
+}
+
+func (p *pauseSet) refreshLocked(now time.Time) {
+	for k, u := range p.until {
+		if !u.After(now) {
+			delete(p.until, k)
+		}
+	}
+	p.gauge.Set(float64(len(p.until)))
 }
 
 // tenantLabels caps the distinct tenant label values. It is safe for concurrent use.

@@ -311,6 +311,7 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 		return next.ProcessTask(ctx, task)
 	}
 	rule := eff.Rule
+	next = m.watch(next, key, eff)
 	cost, err := rule.cost(task)
 	if rule.Mode == ModeShadow {
 		return m.shadow(ctx, task, next, key, eff, cost, err)
@@ -330,7 +331,7 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 		return next.ProcessTask(ctx, task)
 	case err != nil:
 		m.metrics.count(key, OutcomeUnavailable)
-		return m.later(ctx, task, fmt.Errorf("%w: %w", ErrUnavailable, err), m.now().Add(UnavailableRetryDelay))
+		return m.later(ctx, task, fmt.Errorf("%w: %w", ErrUnavailable, err), m.now().Add(UnavailableRetryDelay), "", 0)
 	}
 	m.checkSkew(key, d)
 	if m.observe != nil {
@@ -352,7 +353,20 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 		RetryAfter: d.RetryAfter,
 		RetryAt:    wake, // local clock, as asynq's retry scores
 	}
-	return m.later(ctx, task, denied, denied.RetryAt)
+	if d.Paused {
+		err := fmt.Errorf("worker: %s paused (upstream backpressure) until %s: %w", scopeWords(d.Quota.Scope),
+			d.RetryAt().UTC().Format(time.RFC3339Nano), denied)
+		return m.later(ctx, task, err, denied.RetryAt, OutcomePaused, d.RetryAfter)
+	}
+	return m.later(ctx, task, denied, denied.RetryAt, OutcomeDenied, d.RetryAfter)
+}
+
+// watch returns next with its error looked at by afterHandler: a handler that returns a
+// *BackpressureError pauses the quota and is re-queued (see Backpressure).
+func (m *middleware) watch(next asynq.Handler, key throttle.Key, eff Effective) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		return m.afterHandler(ctx, task, key, eff, next.ProcessTask(ctx, task))
+	})
 }
 
 // request is the limiter's request for task, of key and cost, under eff: with the weight
@@ -575,20 +589,24 @@ func (m *middleware) checkSkew(key throttle.Key, d throttle.Decision) {
 
 // later returns err, which asynq retries without counting a failure (WrapConfig), if the
 // task has a retry left; otherwise asynq would archive it, so it re-enqueues a copy due
-// at retryAt and revokes the task (deferTask).
-func (m *middleware) later(ctx context.Context, task *asynq.Task, err error, retryAt time.Time) error {
+// at retryAt and revokes the task (deferTask). outcome, unless "", is counted with delay,
+// the wait the task was given: OutcomeDenied becomes OutcomeDeferred for a copy; other
+// outcomes are counted as they are either way.
+func (m *middleware) later(ctx context.Context, task *asynq.Task, err error, retryAt time.Time, outcome string, delay time.Duration) error {
 	retried, _ := asynq.GetRetryCount(ctx)
 	maxRetry, _ := asynq.GetMaxRetry(ctx)
-	var denied *throttle.DeniedError // else unavailable, counted as such already
-	isDenied := errors.As(err, &denied)
+	key := throttle.Key{TaskType: task.Type(), Tenant: task.Headers()[m.header]}
 	if retried < maxRetry {
-		if isDenied {
-			m.metrics.delayed(denied.Key, OutcomeDenied, denied.RetryAfter)
+		if outcome != "" {
+			m.metrics.delayed(key, outcome, delay)
 		}
 		return err
 	}
-	if isDenied {
-		m.metrics.delayed(denied.Key, OutcomeDeferred, denied.RetryAfter)
+	if outcome == OutcomeDenied {
+		outcome = OutcomeDeferred
+	}
+	if outcome != "" {
+		m.metrics.delayed(key, outcome, delay)
 	}
 	return m.deferTask(ctx, task, err, retryAt, maxRetry-retried)
 }

@@ -8,12 +8,17 @@
 // Commands (throttle -h lists them, throttle <command> -h explains one):
 //
 //	limits   show, set and delete the tiers and overrides that workers pick up at runtime
+//	inspect  every throttle key, or a type's or a tenant's: used/limit per quota, oldest and newest entry, reservations, next slot, pause
+//	explain  would a task of a type and tenant run now; if not, which quota denies it, until when, how many wait ahead
+//	pause    stop every task of a tenant (or of a task type) on every worker until an instant
+//	resume   lift a pause
+//	reset    clear a tenant's window log of a task type, or every key of a task type (asks first)
 //
 // It reads the same environment as cmd/worker: REDIS_ADDR (default 127.0.0.1:6379; a
 // comma-separated list means Redis Cluster nodes, or Sentinels with REDIS_MASTER_NAME),
 // REDIS_MASTER_NAME, REDIS_PASSWORD, REDIS_DB (package redisenv), THROTTLE_PREFIX (default
 // "throttle", the workers' key prefix) and, to show what a tenant gets, THROTTLE_RULES (the
-// workers' default rules; unset: unknown).
+// workers' default rules; unset: unknown; inspect, explain and pause also take -rules).
 //
 // Output is for people; -json (before or after the command) prints one JSON object on
 // stdout instead. Errors go to stderr as text, whatever -json says.
@@ -24,7 +29,8 @@
 //	1  Redis could not be reached, or a command failed
 //	2  bad flags, arguments or environment
 //	3  change rejected: invalid text or name, unknown tier, tier still in use; nothing was stored
-//	4  not found: nothing is stored under that name to delete
+//	4  not found: nothing is stored under that name to delete, no pause to resume, no key to reset
+//	5  not confirmed: reset was not answered y or yes; nothing was deleted
 package main
 
 import (
@@ -54,13 +60,15 @@ const (
 	exitUsage    = 2 // bad flags, arguments or environment
 	exitRejected = 3 // the change is invalid; nothing was stored
 	exitNotFound = 4 // nothing stored under that name
+	// exitNotConfirmed: reset was not confirmed; nothing was deleted.
+	exitNotConfirmed = 5
 )
 
 func main() {
 	// go-redis logs each failed dial on stderr; the command reports the failure itself.
 	redis.SetLogger(quietLogger{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := runIO(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
@@ -83,12 +91,18 @@ type command struct {
 // commands are the subcommands, in the order throttle -h lists them.
 var commands = []command{
 	limitsCommand,
+	inspectCommand,
+	explainCommand,
+	pauseCommand,
+	resumeCommand,
+	resetCommand,
 }
 
 // env is what every subcommand gets: the context, the output, the -json flag and the
 // environment, with the Redis client made on first use.
 type env struct {
 	ctx            context.Context
+	stdin          io.Reader // reset's confirmation
 	stdout, stderr io.Writer
 	json           bool
 	vars           vars
@@ -108,10 +122,15 @@ type vars struct {
 // redisPingTimeout bounds the check that Redis answers.
 const redisPingTimeout = 5 * time.Second
 
-// run is the whole command: it parses the global flags, reads the environment, runs the
-// subcommand and returns the exit status.
+// run is runIO with nothing on stdin: a reset that asks is not confirmed.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	e := &env{ctx: ctx, stdout: stdout, stderr: stderr}
+	return runIO(ctx, args, strings.NewReader(""), stdout, stderr)
+}
+
+// runIO is the whole command: it parses the global flags, reads the environment, runs the
+// subcommand and returns the exit status.
+func runIO(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr}
 	defer e.close()
 	fs := flag.NewFlagSet("throttle", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -177,7 +196,9 @@ func usage(w io.Writer) {
 const exitStatuses = `
 Exit status: 0 done; 1 Redis could not be reached or a command failed; 2 bad flags,
 arguments or environment; 3 change rejected (invalid text or name, unknown tier, tier
-still in use), nothing stored; 4 nothing stored under that name to delete.
+still in use, a pause that would do nothing), nothing stored;
+4 nothing stored under that name to delete (no pause to resume, no key to reset);
+5 reset not confirmed, nothing deleted.
 `
 
 // flags returns a FlagSet for a subcommand, with -json (bound to e.json) and -h.

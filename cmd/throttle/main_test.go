@@ -53,7 +53,7 @@ func wantRun(t *testing.T, args []string, code int, stdout, stderr string) {
 func TestRun_usageAndEnvironment(t *testing.T) {
 	setEnv(t)
 	code, out, _ := cli(t, "-h")
-	if code != exitOK || !strings.Contains(out, "\n  limits  show, set and delete") || !strings.Contains(out, "THROTTLE_PREFIX") ||
+	if code != exitOK || !strings.Contains(out, "\n  limits   show, set and delete") || !strings.Contains(out, "\n  explain  would a task") || !strings.Contains(out, "THROTTLE_PREFIX") ||
 		!strings.Contains(out, "REDIS_ADDR") || !strings.Contains(out, "3 change rejected") {
 		t.Errorf("throttle -h: exit %d, stdout:\n%s", code, out)
 	}

@@ -118,6 +118,7 @@ func TestRun_metrics(t *testing.T) {
 		{"asynq_throttle_redis_errors_total", []series{
 			{"call=allow,task_type=api:call", "0"},
 			{"call=cancel,task_type=api:call", "0"},
+			{"call=pause,task_type=api:call", "0"},
 			{"call=reservations,task_type=api:call", "0"},
 		}},
 		{"asynq_throttle_pauses_active", []series{{"", "0"}}},
