@@ -24,30 +24,6 @@ import (
 // the task type's slot, or the script fails with CROSSSLOT or a non-local key; and the
 // decisions must be exactly those a single node makes.
 
-// clusterStep is one call of a scenario: tenant's event at instant at (ms), holding the
-// reservation resv ("" for none), and the exact decision it must get.
-type clusterStep struct {
-	at     int64
-	tenant string
-	resv   string
-	want   outcome
-}
-
-// clusterRun plays steps for taskType under quotas on every limiter in ls (named by their
-// keys), and fails the test for each decision that is not exactly its step's want.
-func clusterRun(t *testing.T, ls map[string]*throttle.Limiter, taskType string, quotas []throttle.Quota, steps []clusterStep) {
-	t.Helper()
-	for name, l := range ls {
-		for i, s := range steps {
-			req := throttle.Request{Key: throttle.Key{TaskType: taskType, Tenant: s.tenant}, Quotas: quotas, Reservation: s.resv}
-			d := allowAt(t, l, req, s.at)
-			if got := outcomeOf(d); got != s.want {
-				t.Errorf("%s: step %d (t=%d tenant %q reservation %q):\n got %s\nwant %s", name, i, s.at, s.tenant, s.resv, got, s.want)
-			}
-		}
-	}
-}
-
 // clusterNew returns a Limiter on rdb, failing t on error.
 func clusterNew(t *testing.T, rdb redis.UniversalClient, cfg throttle.Config) *throttle.Limiter {
 	t.Helper()
@@ -141,25 +117,7 @@ func TestLimiter_AllowAtCluster(t *testing.T) {
 	// left (the first on ties), a denial the first with no room at its instant.
 	t.Run("TenantAndTypeQuotas", func(t *testing.T) {
 		t.Parallel()
-		tq, nq := typeQuota(3, time.Second), tenantQuota(2, time.Second)
-		admit := func(q throttle.Quota, count int, at int64) outcome {
-			return outcome{Allowed: true, Quota: q, Count: count, Remaining: q.Limit.Events - count, At: at}
-		}
-		deny := func(q throttle.Quota, retry, at int64) outcome {
-			return outcome{Quota: q, Count: q.Limit.Events, RetryAfter: msd(retry), At: at}
-		}
-		clusterRun(t, both, "api:call", []throttle.Quota{tq, nq}, []clusterStep{
-			{at: 0, tenant: "A", want: admit(nq, 1, 0)},
-			{at: 1, tenant: "A", want: admit(nq, 2, 1)},
-			{at: 2, tenant: "A", want: deny(nq, 998, 2)}, // A's oldest (t=0) leaves its window at 1000
-			{at: 3, tenant: "B", want: admit(tq, 3, 3)},  // A's denial took no type slot
-			{at: 4, tenant: "B", want: deny(tq, 996, 4)}, // the type is full until t=0 leaves
-			{at: 5, tenant: "C", want: deny(tq, 995, 5)},
-			{at: 1000, tenant: "A", want: admit(tq, 3, 1000)}, // at 2 + 998, as promised
-			{at: 1000, tenant: "B", want: deny(tq, 1, 1000)},  // type: 1, 3, 1000; t=1 leaves at 1001
-			// Stamped behind the logs' high-water (1000): decided there.
-			{at: 900, tenant: "C", want: deny(tq, 1001-900, 1000)},
-		})
+		topologyRun(t, both, "api:call", tenantAndTypeQuotas, tenantAndTypeScenario())
 	})
 
 	// Type 4/1s. Tenant A is admitted 4 times at t=0 and reserves 8 more: t=1000 x4 and
@@ -173,22 +131,22 @@ func TestLimiter_AllowAtCluster(t *testing.T) {
 		t.Parallel()
 		const taskType = "fair:call"
 		tq := typeQuota(4, time.Second)
-		var steps []clusterStep
+		var steps []topologyStep
 		for i := range 4 {
-			steps = append(steps, clusterStep{at: 0, tenant: "A", resv: fmt.Sprintf("A-%d", i),
+			steps = append(steps, topologyStep{at: 0, tenant: "A", resv: fmt.Sprintf("A-%d", i),
 				want: outcome{Allowed: true, Quota: tq, Count: i + 1, Remaining: 3 - i, At: 0}})
 		}
 		for i := 4; i < 12; i++ {
 			// A-4..A-7 at t=1000, A-8..A-11 at t=2000; Count is the window ending at the
 			// decision: the 4 admissions.
-			steps = append(steps, clusterStep{at: 0, tenant: "A", resv: fmt.Sprintf("A-%d", i),
+			steps = append(steps, topologyStep{at: 0, tenant: "A", resv: fmt.Sprintf("A-%d", i),
 				want: outcome{Reserved: true, Quota: tq, Count: 4, RetryAfter: msd(1000 * int64(i/4)), At: 0}})
 		}
 		for i := range 2 {
-			steps = append(steps, clusterStep{at: 100, tenant: "B", resv: fmt.Sprintf("B-%d", i),
+			steps = append(steps, topologyStep{at: 100, tenant: "B", resv: fmt.Sprintf("B-%d", i),
 				want: outcome{Reserved: true, Quota: tq, Count: 4, RetryAfter: msd(900), At: 100}})
 		}
-		clusterRun(t, both, taskType, []throttle.Quota{tq}, steps)
+		topologyRun(t, both, taskType, []throttle.Quota{tq}, steps)
 
 		// Where each reservation is on the cluster: read the pending set, with the leases
 		// and fair tags beside it, through the cluster client.

@@ -63,25 +63,8 @@ func TestLimiter_AllowAtSentinel(t *testing.T) {
 		"single node": clusterNew(t, single.Client(), throttle.Config{}),
 	}
 
-	// Type 3/1s and tenant 2/1s, as in TestLimiter_AllowAtCluster.
-	tq, nq := typeQuota(3, time.Second), tenantQuota(2, time.Second)
-	admit := func(q throttle.Quota, count int, at int64) outcome {
-		return outcome{Allowed: true, Quota: q, Count: count, Remaining: q.Limit.Events - count, At: at}
-	}
-	deny := func(q throttle.Quota, retry, at int64) outcome {
-		return outcome{Quota: q, Count: q.Limit.Events, RetryAfter: msd(retry), At: at}
-	}
-	topologyRun(t, both, "api:call", []throttle.Quota{tq, nq}, []topologyStep{
-		{at: 0, tenant: "A", want: admit(nq, 1, 0)},
-		{at: 1, tenant: "A", want: admit(nq, 2, 1)},
-		{at: 2, tenant: "A", want: deny(nq, 998, 2)}, // A's oldest (t=0) leaves its window at 1000
-		{at: 3, tenant: "B", want: admit(tq, 3, 3)},  // A's denial took no type slot
-		{at: 4, tenant: "B", want: deny(tq, 996, 4)}, // the type is full until t=0 leaves
-		{at: 5, tenant: "C", want: deny(tq, 995, 5)},
-		{at: 1000, tenant: "A", want: admit(tq, 3, 1000)},      // at 2 + 998, as promised
-		{at: 1000, tenant: "B", want: deny(tq, 1, 1000)},       // type: 1, 3, 1000; t=1 leaves at 1001
-		{at: 900, tenant: "C", want: deny(tq, 1001-900, 1000)}, // behind the high-water 1000: decided there
-	})
+	// Type 3/1s and tenant 2/1s, as on a cluster.
+	topologyRun(t, both, "api:call", tenantAndTypeQuotas, tenantAndTypeScenario())
 
 	// Tenant 3/1s, events of cost 1 and 2 and their replays, as in TestLimiter_AllowAt_replay:
 	// a replay reports the admission it replays and takes no slot; a denial replayed is a
@@ -169,4 +152,32 @@ func scanAll(t *testing.T, rdb redis.Cmdable) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// tenantAndTypeQuotas are the quotas of tenantAndTypeScenario.
+var tenantAndTypeQuotas = []throttle.Quota{typeQuota(3, time.Second), tenantQuota(2, time.Second)}
+
+// tenantAndTypeScenario is type 3/1s and tenant 2/1s: two window logs in one script call.
+// A denial by one quota takes nothing from the other; an admission names the quota with the
+// fewest slots left (the first on ties), a denial the first with no room at its instant.
+func tenantAndTypeScenario() []topologyStep {
+	tq, nq := tenantAndTypeQuotas[0], tenantAndTypeQuotas[1]
+	admit := func(q throttle.Quota, count int, at int64) outcome {
+		return outcome{Allowed: true, Quota: q, Count: count, Remaining: q.Limit.Events - count, At: at}
+	}
+	deny := func(q throttle.Quota, retry, at int64) outcome {
+		return outcome{Quota: q, Count: q.Limit.Events, RetryAfter: msd(retry), At: at}
+	}
+	return []topologyStep{
+		{at: 0, tenant: "A", want: admit(nq, 1, 0)},
+		{at: 1, tenant: "A", want: admit(nq, 2, 1)},
+		{at: 2, tenant: "A", want: deny(nq, 998, 2)}, // A's oldest (t=0) leaves its window at 1000
+		{at: 3, tenant: "B", want: admit(tq, 3, 3)},  // A's denial took no type slot
+		{at: 4, tenant: "B", want: deny(tq, 996, 4)}, // the type is full until t=0 leaves
+		{at: 5, tenant: "C", want: deny(tq, 995, 5)},
+		{at: 1000, tenant: "A", want: admit(tq, 3, 1000)}, // at 2 + 998, as promised
+		{at: 1000, tenant: "B", want: deny(tq, 1, 1000)},  // type: 1, 3, 1000; t=1 leaves at 1001
+		// Stamped behind the logs' high-water (1000): decided there.
+		{at: 900, tenant: "C", want: deny(tq, 1001-900, 1000)},
+	}
 }

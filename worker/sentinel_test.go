@@ -28,13 +28,13 @@ func TestEndToEndSentinel(t *testing.T) {
 	t.Parallel()
 	t.Run("single node", func(t *testing.T) {
 		t.Parallel()
-		endToEndHA(t, redistest.Start(t))
+		endToEndHA(t, redistest.Start(t), "e2e:ha")
 	})
 	t.Run("sentinel", func(t *testing.T) {
 		t.Parallel()
 		s := redistest.StartSentinel(t)
 		rdb := s.Client()
-		endToEndHA(t, rdb)
+		endToEndHA(t, rdb, "e2e:ha")
 
 		ctx := context.Background()
 		if n, err := rdb.Wait(ctx, 1, 5000).Result(); err != nil || n != 1 {
@@ -76,13 +76,13 @@ func TestEndToEndSentinel(t *testing.T) {
 	})
 }
 
-// endToEndHA runs rule "e2e:ha tenant=3/1s", 2 tenants x 9 tasks, with reservations, on an
+// endToEndHA runs rule "<taskType> tenant=3/1s", 2 tenants x 9 tasks, with reservations, on an
 // asynq server, client and inspector that all use rdb, as do the limiter and the
 // middleware. The ninth task of each tenant has MaxRetry(0) and is enqueued once its
 // tenant's first 3 ran, so it is denied and replaced by a copy. Every task completes
 // exactly once, none is archived, no retry is spent, each tenant has exactly 3 admissions
 // in its busiest 1s window, and asynq logs no error.
-func endToEndHA(t *testing.T, rdb redis.UniversalClient) {
+func endToEndHA(t *testing.T, rdb redis.UniversalClient, taskType string) {
 	t.Helper()
 	var mu sync.Mutex
 	starts := map[string][]time.Time{} // tenant -> admission instants
@@ -117,7 +117,7 @@ func endToEndHA(t *testing.T, rdb redis.UniversalClient) {
 		return n
 	}
 
-	mw, err := worker.New(newLimiter(t, rdb), worker.Config{Rules: mustRules(t, "e2e:ha tenant=3/1s"), Redis: rdb})
+	mw, err := worker.New(newLimiter(t, rdb), worker.Config{Rules: mustRules(t, taskType+" tenant=3/1s"), Redis: rdb})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func endToEndHA(t *testing.T, rdb redis.UniversalClient) {
 	}))
 	mux := asynq.NewServeMux()
 	mux.Use(mw)
-	mux.Handle("e2e:ha", handler)
+	mux.Handle(taskType, handler)
 	if err := srv.Start(mux); err != nil {
 		t.Fatalf("asynq server: %v", err)
 	}
@@ -144,7 +144,7 @@ func endToEndHA(t *testing.T, rdb redis.UniversalClient) {
 	enqueue := func(seq, maxRetry int) {
 		for _, tenant := range tenants {
 			payload, _ := json.Marshal(clusterPayload{Tenant: tenant, Seq: seq})
-			info, err := producer.Enqueue(context.Background(), client, "e2e:ha", payload, tenant,
+			info, err := producer.Enqueue(context.Background(), client, taskType, payload, tenant,
 				asynq.MaxRetry(maxRetry), asynq.Retention(time.Hour))
 			if err != nil {
 				t.Fatalf("enqueue %s/%d: %v", tenant, seq, err)
