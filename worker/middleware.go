@@ -16,8 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -267,7 +265,7 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 	if err := m.startSweep(cfg); err != nil {
 		return nil, err
 	}
-	m.metrics.throttles(lim, slices.Sorted(maps.Keys(m.rules)), m.reserve)
+	m.metrics.throttles(lim, m.limits.Load().taskTypes(), m.reserve)
 	return func(next asynq.Handler) asynq.Handler {
 		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 			return m.process(ctx, task, next)

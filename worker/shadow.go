@@ -39,7 +39,7 @@ func (m *middleware) shadow(ctx context.Context, task *asynq.Task, next asynq.Ha
 		m.wouldThrottle(ctx, key, rule, "it would be archived: "+err.Error(), nil)
 		return next.ProcessTask(ctx, task)
 	case err != nil:
-		m.metrics.count(key.TaskType, OutcomeFailedOpen)
+		m.metrics.count(key, OutcomeFailedOpen)
 		m.shadowLog.unavailable.Do(func() {
 			m.log.Warn("throttle: limiter unavailable; running tasks of a shadow rule undecided (logged at most once a minute)",
 				"task_type", key.TaskType, "tenant", key.Tenant, "rule", rule.String(), "err", err)
@@ -51,7 +51,7 @@ func (m *middleware) shadow(ctx context.Context, task *asynq.Task, next asynq.Ha
 		m.observe(ctx, task, key, d)
 	}
 	if d.Allowed {
-		m.metrics.count(key.TaskType, OutcomeAdmitted)
+		m.metrics.count(key, OutcomeAdmitted)
 		return next.ProcessTask(context.WithValue(ctx, decisionKey{}, d), task)
 	}
 	m.wouldThrottle(ctx, key, rule, "it would be denied", &d)
@@ -61,7 +61,7 @@ func (m *middleware) shadow(ctx context.Context, task *asynq.Task, next asynq.Ha
 // wouldThrottle counts a would-be denial and logs it, at most one line per task type per
 // shadowLogInterval; a line says how many were not logged since the one before.
 func (m *middleware) wouldThrottle(ctx context.Context, key throttle.Key, rule Rule, reason string, d *throttle.Decision) {
-	m.metrics.count(key.TaskType, OutcomeShadowDenied)
+	m.metrics.count(key, OutcomeShadowDenied)
 	skipped, ok := m.shadowLog.take(key.TaskType, m.now())
 	if !ok {
 		return
