@@ -21,6 +21,8 @@ import (
 	"maps"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 )
 
 // TenantHeader is the task header that carries the tenant, the default that worker.Config reads.
@@ -67,7 +69,7 @@ func Tenant(task *asynq.Task) (tenant string, ok bool) {
 func Enqueue(ctx context.Context, c *asynq.Client, taskType string, payload []byte, tenant string, opts ...asynq.Option) (*asynq.TaskInfo, error) {
 	info, err := c.EnqueueContext(ctx, NewTask(taskType, payload, tenant), opts...)
 	if err != nil {
-		return nil, fmt.Errorf("producer: enqueue %s for tenant %q: %w", taskType, tenant, err)
+		return nil, fmt.Errorf("producer: enqueue %s for tenant %s: %w", quote.Name(taskType), quote.Quote(tenant), err)
 	}
 	return info, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -162,7 +163,7 @@ func (e *Enqueuer) EnqueueTask(ctx context.Context, task *asynq.Task, opts ...as
 	tenant := task.Headers()[e.header]
 	info, err := e.client.EnqueueContext(ctx, task, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("producer: enqueue %s for tenant %q: %w", task.Type(), tenant, err)
+		return nil, fmt.Errorf("producer: enqueue %s for tenant %s: %w", quote.Name(task.Type()), quote.Quote(tenant), err)
 	}
 	return info, nil
 }
@@ -196,7 +197,7 @@ func (e *Enqueuer) Check(ctx context.Context, task *asynq.Task, opts ...asynq.Op
 		d, err = e.lim.Allow(ctx, req)
 	}
 	if err != nil {
-		return fmt.Errorf("producer: enqueue quota of %s for tenant %q: %w", key.TaskType, key.Tenant, err)
+		return fmt.Errorf("producer: enqueue quota of %s for tenant %s: %w", quote.Name(key.TaskType), quote.Quote(key.Tenant), err)
 	}
 	if d.Allowed {
 		return nil
@@ -253,8 +254,8 @@ type QuotaError struct {
 
 // Error names the task type, the tenant, the quota and the wait.
 func (e *QuotaError) Error() string {
-	return fmt.Sprintf("producer: %s for tenant %q over enqueue quota %s, retry after %s",
-		e.TaskType, e.Tenant, e.Quota, e.RetryAfter)
+	return fmt.Sprintf("producer: %s for tenant %s over enqueue quota %s, retry after %s",
+		quote.Name(e.TaskType), quote.Quote(e.Tenant), e.Quota, e.RetryAfter)
 }
 
 // Is reports whether target is ErrQuotaExceeded.

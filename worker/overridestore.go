@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -248,7 +249,7 @@ func Canonical(kind OverrideKind, name, text string) (string, error) {
 		return "", fmt.Errorf("%w: unknown kind %q; want type, tier, tenant or tenant-tier", ErrInvalidOverride, kind)
 	}
 	if err := o.add(kind, name, text); err != nil {
-		return "", fmt.Errorf("%w: %s %q: %s", ErrInvalidOverride, kind, name, strings.TrimPrefix(err.Error(), "worker: "))
+		return "", fmt.Errorf("%w: %s %s: %s", ErrInvalidOverride, kind, quote.Quote(name), strings.TrimPrefix(err.Error(), "worker: "))
 	}
 	switch kind {
 	case OverrideType:
@@ -281,8 +282,8 @@ func (s *OverrideStore) Set(ctx context.Context, kind OverrideKind, name, text s
 				return err
 			}
 			if !ok {
-				return fmt.Errorf("%w: tenant %q cannot be assigned to tier %q, which does not exist; store the tier first",
-					ErrTierNotFound, name, canon)
+				return fmt.Errorf("%w: tenant %s cannot be assigned to tier %s, which does not exist; store the tier first",
+					ErrTierNotFound, quote.Quote(name), quote.Quote(canon))
 			}
 			return nil
 		}
@@ -309,7 +310,7 @@ func (s *OverrideStore) Delete(ctx context.Context, kind OverrideKind, name stri
 			return err
 		}
 		if !ok {
-			return fmt.Errorf("%w: no %s override %q is stored", ErrOverrideNotFound, kind, name)
+			return fmt.Errorf("%w: no %s override %s is stored", ErrOverrideNotFound, kind, quote.Quote(name))
 		}
 		if kind != OverrideTier {
 			return nil
@@ -321,7 +322,7 @@ func (s *OverrideStore) Delete(ctx context.Context, kind OverrideKind, name stri
 		var users []string
 		for f, v := range fields {
 			if t, ok := strings.CutPrefix(f, string(OverrideTenantTier)+":"); ok && v == name {
-				users = append(users, strconv.Quote(t))
+				users = append(users, quote.Quote(t))
 			}
 		}
 		if len(users) > 0 {

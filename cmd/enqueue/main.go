@@ -29,8 +29,8 @@
 //	  "initech": 20 enqueued
 //
 // Tenants with refused tasks come first, then the others, each in -tenants order. Tenant
-// strings are quoted (strconv.Quote) and cut to their first maxTenantBytes (64) bytes
-// ("...(N bytes)" follows a cut one), and a report shows at most maxTenantLines (20)
+// strings are quoted (strconv.Quote) and cut to their first 64 bytes (quote.Quote;
+// "...(N bytes)" follows a cut one), and a report shows at most maxTenantLines (20)
 // tenants, then "... and N more tenants".
 //
 // Exit status: 0 when every task was enqueued; 1 when an enqueue failed (it stops at the
@@ -48,15 +48,14 @@ import (
 	"iter"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
 	"github.com/kelseyhightower/envconfig"
 	"github.com/schollz/progressbar/v3"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
 	"github.com/asynq-throttle/asynq-throttle/producer"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
@@ -418,11 +417,9 @@ func refusedTotal(tallies map[string]*tally) int {
 	return n
 }
 
-// Limits of the report's per-tenant lines.
-const (
-	maxTenantBytes = 64 // bytes of a tenant shown, cut at a UTF-8 boundary
-	maxTenantLines = 20 // tenant lines per report, then "... and N more tenants"
-)
+// maxTenantLines is the most tenant lines per report, then "... and N more tenants".
+// Each tenant is shown by quote.Quote: quoted, cut to its first 64 bytes.
+const maxTenantLines = 20
 
 // report is what is printed on stdout: a line of totals, then one line per tenant, those
 // with refused tasks first, each group in cfg.tenants order, at most maxTenantLines of
@@ -460,27 +457,13 @@ func report(cfg config, qs quotas, tallies map[string]*tally) []string {
 			break
 		}
 		t := tallies[tenant]
-		line := fmt.Sprintf("  %s: %d enqueued", showTenant(tenant), t.enqueued)
+		line := fmt.Sprintf("  %s: %d enqueued", quote.Quote(tenant), t.enqueued)
 		if t.first != nil {
 			line += fmt.Sprintf(", %d refused; the first, task %d, by %s: retry after %s", t.refused, t.firstSeq, t.first.Quota, t.first.RetryAfter)
 		}
 		lines = append(lines, line)
 	}
 	return lines
-}
-
-// showTenant quotes tenant for one line of output (strconv.Quote: no newline or control
-// byte gets through), cut to its first maxTenantBytes bytes, at a UTF-8 boundary, with
-// "...(N bytes)" after a cut one.
-func showTenant(tenant string) string {
-	if len(tenant) <= maxTenantBytes {
-		return strconv.Quote(tenant)
-	}
-	cut := maxTenantBytes
-	for cut > 0 && !utf8.RuneStart(tenant[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%s...(%d bytes)", strconv.Quote(tenant[:cut]), len(tenant))
 }
 
 func plural(n int, word string) string {

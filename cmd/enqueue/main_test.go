@@ -9,7 +9,6 @@ import (
 	"os"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -167,6 +166,25 @@ func TestReport(t *testing.T) {
 	}
 }
 
+// A report line shows a tenant quoted and cut to its first 64 bytes (internal/quote), so
+// that a 10 kB tenant, or one with a newline or a terminal escape, keeps the line whole.
+func TestReport_quotesAndCutsTenants(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("a", 10000)
+	cfg := config{taskType: "api:call", perTenant: 1, queue: "default",
+		tenants: []string{long, "evil\ntenant=acme", "caf\u00e9 \x1b[31m"}}
+	tallies := map[string]*tally{long: {enqueued: 1}, "evil\ntenant=acme": {enqueued: 1}, "caf\u00e9 \x1b[31m": {enqueued: 1}}
+	want := []string{
+		"enqueued 3 tasks of type api:call to queue default",
+		`  "` + strings.Repeat("a", 64) + `"...(10000 bytes): 1 enqueued`,
+		`  "evil\ntenant=acme": 1 enqueued`,
+		`  "café \x1b[31m": 1 enqueued`,
+	}
+	if got := report(cfg, nil, tallies); !slices.Equal(got, want) {
+		t.Errorf("report =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 // A report shows at most maxTenantLines tenants, and says how many it left out.
 func TestReport_capsTenantLines(t *testing.T) {
 	t.Parallel()
@@ -194,26 +212,6 @@ func TestReport_capsTenantLines(t *testing.T) {
 	}
 	if got := report(cfg, nil, tallies); got[len(got)-1] != "  ... and 1 more tenant" {
 		t.Errorf("last line = %q, want \"  ... and 1 more tenant\"", got[len(got)-1])
-	}
-}
-
-func TestShowTenant(t *testing.T) {
-	t.Parallel()
-	long := strings.Repeat("a", 10000)
-	tests := []struct{ in, want string }{
-		{"acme", `"acme"`},
-		{"", `""`},
-		{"evil\ntenant=acme ran=999", `"evil\ntenant=acme ran=999"`},
-		{"caf\u00e9 \x00\x1b[31m", `"café \x00\x1b[31m"`},
-		{strings.Repeat("b", maxTenantBytes), strconv.Quote(strings.Repeat("b", maxTenantBytes))},
-		{long, strconv.Quote(long[:maxTenantBytes]) + "...(10000 bytes)"},
-		// 63 ASCII bytes and a 2-byte rune across the limit: cut before the rune.
-		{strings.Repeat("c", 63) + "\u00e9" + "tail", strconv.Quote(strings.Repeat("c", 63)) + "...(69 bytes)"},
-	}
-	for _, tc := range tests {
-		if got := showTenant(tc.in); got != tc.want {
-			t.Errorf("showTenant(%.20q) = %s, want %s", tc.in, got, tc.want)
-		}
 	}
 }
 

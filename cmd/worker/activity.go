@@ -4,13 +4,11 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 	"github.com/asynq-throttle/asynq-throttle/worker"
 )
@@ -70,20 +68,14 @@ func (a *activity) handler(tenantHeader string, next asynq.Handler) asynq.Handle
 	})
 }
 
-// maxLoggedBytes is the most bytes of a tenant or task type that a log line shows: a
-// longer one is cut, at a character boundary, and followed by "...(N bytes)", N its
-// length. Tenants are user data: a 10 kB tenant would otherwise make a 10 kB line.
-const maxLoggedBytes = 64
-
 // take returns the lines for the activity counted since the last take, and resets the
 // counts: one line per (task type, tenant), sorted by type then tenant,
 //
 //	api:call tenant="acme" ran=5 throttled=12
 //
-// with " failed=N" appended when a run failed. The tenant is always quoted
-// (strconv.Quote), the task type only if it needs it, both cut to maxLoggedBytes (see
-// logged). If more than maxLines pairs had
-// activity, only the maxLines busiest (most tasks ran, throttled and failed; ties by type
+// with " failed=N" appended when a run failed. The tenant is always quoted (quote.Quote),
+// the task type only if it needs it (quote.Name), both cut to quote.MaxBytes (64) with
+// "...(N bytes)" after a cut one. If more than maxLines pairs had activity, only the maxLines busiest (most tasks ran, throttled and failed; ties by type
 // then tenant) get a line, and one more line sums up the rest:
 //
 //	... and 4980 more (task type, tenant) pairs: ran=4980 throttled=9960
@@ -120,7 +112,7 @@ func (a *activity) take(maxLines int) []string {
 	sort.Slice(keys, func(i, j int) bool { return byName(keys[i], keys[j]) })
 	lines := make([]string, 0, len(keys)+1)
 	for _, k := range keys {
-		lines = append(lines, fmt.Sprintf("%s tenant=%s %s", logged(k.TaskType, false), logged(k.Tenant, true), counts[k]))
+		lines = append(lines, fmt.Sprintf("%s tenant=%s %s", quote.Name(k.TaskType), quote.Quote(k.Tenant), counts[k]))
 	}
 	if n := len(counts) - len(keys); n > 0 {
 		lines = append(lines, fmt.Sprintf("... and %d more (task type, tenant) pairs: %s", n, &rest))
@@ -138,27 +130,4 @@ func (t *tally) String() string {
 		s += fmt.Sprintf(" failed=%d", t.failed)
 	}
 	return s
-}
-
-// logged returns s for a log line: its first maxLoggedBytes bytes (cut at a character
-// boundary), quoted by strconv.Quote if quote is set or s needs it (empty, not UTF-8, or
-// with spaces, quotes or unprintable characters), followed by "...(N bytes)" if s was cut.
-func logged(s string, quote bool) string {
-	shown := s
-	if len(s) > maxLoggedBytes {
-		cut := maxLoggedBytes
-		for cut > maxLoggedBytes-utf8.UTFMax && !utf8.RuneStart(s[cut]) {
-			cut-- // a cut inside a valid character would show it as bytes
-		}
-		shown = s[:cut]
-	}
-	if quote || shown == "" || !utf8.ValidString(shown) || strings.ContainsFunc(shown, func(r rune) bool {
-		return r == '"' || r == ' ' || !strconv.IsPrint(r)
-	}) {
-		shown = strconv.Quote(shown)
-	}
-	if len(s) > maxLoggedBytes {
-		shown += fmt.Sprintf("...(%d bytes)", len(s))
-	}
-	return shown
 }

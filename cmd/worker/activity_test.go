@@ -31,11 +31,15 @@ func TestActivity_take(t *testing.T) {
 	decide("api:call", "acme", 5, 12)
 	decide("email:send", "", 1, 2)
 	decide("api:call", "two words", 0, 3)
+	decide("api:call", "z"+strings.Repeat("x", 10239), 0, 1) // cut to 64 bytes (internal/quote)
+	decide("bad type", "evil\ntenant=acme", 0, 1)            // quoted: the newline stays in the line
 
 	want := []string{
 		`api:call tenant="acme" ran=5 throttled=12`,
 		`api:call tenant="globex" ran=5 throttled=0`,
 		`api:call tenant="two words" ran=0 throttled=3`,
+		`api:call tenant="z` + strings.Repeat("x", 63) + `"...(10240 bytes) ran=0 throttled=1`,
+		`"bad type" tenant="evil\ntenant=acme" ran=0 throttled=1`,
 		`email:send tenant="" ran=1 throttled=2`,
 	}
 	if got := a.take(20); !reflect.DeepEqual(got, want) {
@@ -81,36 +85,6 @@ func TestActivity_takeCapped(t *testing.T) {
 	want = []string{`x tenant="a" ran=1 throttled=0`, `... and 2 more (task type, tenant) pairs: ran=2 throttled=0`}
 	if got := a.take(1); !reflect.DeepEqual(got, want) {
 		t.Errorf("ties: got %q\nwant %q", got, want)
-	}
-}
-
-// TestLogged checks how tenants and task types are written into a log line: quoted, cut
-// to maxLoggedBytes at a character boundary, with the full length after a cut.
-func TestLogged(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		s     string
-		quote bool
-		want  string
-	}{
-		{"acme", true, `"acme"`},
-		{"api:call", false, `api:call`},
-		{"", false, `""`},
-		{"two words", false, `"two words"`},
-		{"line\nbreak", true, `"line\nbreak"`},
-		{"bad\xffbyte", false, `"bad\xffbyte"`},
-		{strings.Repeat("x", 64), true, `"` + strings.Repeat("x", 64) + `"`},
-		{strings.Repeat("x", 10240), true, `"` + strings.Repeat("x", 64) + `"...(10240 bytes)`},
-		{strings.Repeat("x", 65), false, strings.Repeat("x", 64) + `...(65 bytes)`},
-		// 'a' then 2-byte characters: byte 64 is inside the 32nd é, which is left out.
-		{"a" + strings.Repeat("é", 40), true, `"a` + strings.Repeat("é", 31) + `"...(81 bytes)`},
-		// a newline past the cut does not reach the line
-		{strings.Repeat("x", 64) + "\nINJECTED", false, strings.Repeat("x", 64) + `...(73 bytes)`},
-	}
-	for _, tc := range tests {
-		if got := logged(tc.s, tc.quote); got != tc.want {
-			t.Errorf("logged(%.30q, %t) = %s, want %s", tc.s, tc.quote, got, tc.want)
-		}
 	}
 }
 
