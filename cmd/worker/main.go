@@ -14,8 +14,11 @@
 // stores in <THROTTLE_PREFIX>:overrides refine them while it runs, checked every second.
 //
 // It is configured by environment variables only; `worker -h` lists them with their
-// defaults and meaning. Exit status: 0 after a shutdown by SIGINT or SIGTERM (a second
-// one kills it); 1 if Redis does not answer within 5s at start, or asynq cannot start; 2
+// defaults and meaning. On SIGINT or SIGTERM it stops taking tasks and gives the running
+// ones up to WORKER_SHUTDOWN_TIMEOUT (30s) to finish; asynq then cancels the context of
+// each one still running and puts it back in its queue, to run again from the start (on
+// this worker's next start, or on another worker). Exit status: 0 after a shutdown by
+// SIGINT or SIGTERM (a second one kills it at once); 1 if Redis does not answer within 5s at start, or asynq cannot start; 2
 // for a malformed variable (reported on stderr, naming it), an argument, or a
 // METRICS_ADDR it cannot listen on.
 package main
@@ -149,24 +152,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "THROTTLE_RULES=%q: %v\n", os.Getenv("THROTTLE_RULES"), err)
 		return exitConfig
 	}
-	srv := asynq.NewServerFromRedisClient(rdb, worker.WrapConfig(asynq.Config{
-		Concurrency:              cfg.Concurrency,
-		Queues:                   cfg.Queues,
-		DelayedTaskCheckInterval: cfg.ForwarderInterval,
-		Logger:                   newAsynqLogger(stderr),
-		// Warnings and errors only: at Info asynq logs its lifecycle chatter. The one
-		// warning that floods, "revoke task id=...", once per throttled task that had no
-		// retry left, is dropped by asynqLogger; other warnings (a task archived after its
-		// last retry, Redis trouble) still show.
-		LogLevel: asynq.WarnLevel,
-	}))
+	srv := asynq.NewServerFromRedisClient(rdb, asynqConfig(cfg, stderr))
 
 	for _, r := range cfg.Rules {
 		logger.Printf("rule %s", r)
 	}
 	logger.Printf("redis %s", cfg.Redis)
-	logger.Printf("queues %s concurrency %d forwarder interval %s tenant header %q key prefix %q",
-		cfg.Queues, cfg.Concurrency, cfg.ForwarderInterval, cfg.TenantHeader, cfg.Prefix)
+	logger.Printf("queues %s concurrency %d forwarder interval %s shutdown timeout %s tenant header %q key prefix %q",
+		cfg.Queues, cfg.Concurrency, cfg.ForwarderInterval, cfg.ShutdownTimeout, cfg.TenantHeader, cfg.Prefix)
 	logger.Printf("clock %s (max skew %s), fail open %t", cfg.Clock, cfg.MaxSkew, cfg.FailOpen)
 	logger.Printf("tiers and overrides from %s (cmd/throttle limits), checked every %s", overrides.Key(), worker.DefaultOverrideInterval)
 	h := demoHandler{url: cfg.DemoAPIURL, work: cfg.WorkTime, tenantHeader: cfg.TenantHeader,
@@ -189,8 +182,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
-			logger.Printf("shutting down")
-			srv.Shutdown() // waits for running tasks (asynq's ShutdownTimeout, 8s)
+			logger.Printf("shutting down: running tasks have up to WORKER_SHUTDOWN_TIMEOUT=%s to finish", cfg.ShutdownTimeout)
+			srv.Shutdown() // waits up to cfg.ShutdownTimeout, then requeues the tasks still running
 			done = true
 		}
 		for _, line := range act.take(cfg.LogMaxLines) {
@@ -199,6 +192,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	logger.Printf("stopped")
 	return exitOK
+}
+
+// asynqConfig is the asynq server's configuration for cfg, asynq's warnings and errors
+// going to stderr, wrapped by worker.WrapConfig.
+func asynqConfig(cfg Config, stderr io.Writer) asynq.Config {
+	return worker.WrapConfig(asynq.Config{
+		Concurrency:              cfg.Concurrency,
+		Queues:                   cfg.Queues,
+		DelayedTaskCheckInterval: cfg.ForwarderInterval,
+		ShutdownTimeout:          cfg.ShutdownTimeout,
+		Logger:                   newAsynqLogger(stderr),
+		// Warnings and errors only: at Info asynq logs its lifecycle chatter. The one
+		// warning that floods, "revoke task id=...", once per throttled task that had no
+		// retry left, is dropped by asynqLogger; other warnings (a task archived after its
+		// last retry, Redis trouble, "Quitting worker" for a task still running at the
+		// shutdown timeout) still show.
+		LogLevel: asynq.WarnLevel,
+	})
 }
 
 // usage prints how to run the worker and its environment variables with their defaults.
@@ -211,6 +222,9 @@ func usage(w io.Writer) {
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\nDurations are Go durations (500ms, 2s, 1h). Example:\n"+
 		"  THROTTLE_RULES='api:call tenant=5/2s type=20/1s; email:send tenant=100/1h' METRICS_ADDR=:9090 worker\n"+
+		"\nOn SIGINT or SIGTERM the worker takes no new task and gives the running ones WORKER_SHUTDOWN_TIMEOUT to finish;\n"+
+		"then asynq cancels the context of each one still running and puts it back in its queue (pending, no retry\n"+
+		"spent), to run again from the start. A second signal kills the worker at once.\n"+
 		"\nExit status: 0 after a shutdown by SIGINT or SIGTERM; 1 if Redis does not answer within %s at start\n"+
 		"or asynq cannot start; 2 for a malformed variable, an argument, or a METRICS_ADDR it cannot listen on.\n", redisPingTimeout)
 }
