@@ -10,12 +10,12 @@ import (
 
 	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
-	"github.com/asynq-throttle/asynq-throttle/worker"
 )
 
 // activity counts, per (task type, tenant), what happened since the last take: tasks
-// that ran (admitted by the limiter, or of a type no rule throttles), tasks throttled
-// (denied), and runs whose handler failed. It is safe for concurrent use.
+// that ran (whose handler started: admitted by the limiter, once any wait for a slot a
+// little ahead is over, or of a type no rule throttles), tasks throttled (denials), and
+// runs whose handler failed. It is safe for concurrent use.
 type activity struct {
 	mu     sync.Mutex
 	counts map[throttle.Key]*tally
@@ -35,29 +35,29 @@ func (a *activity) tally(key throttle.Key) *tally {
 	return t
 }
 
-// decided is the worker.Config.DecisionFunc: it counts an admission as a run and a
-// denial as throttled.
+// decided is the worker.Config.DecisionFunc: it counts a denial as throttled. An
+// admission is not a run yet: a task admitted for a slot a little ahead waits for it in
+// the middleware first (and may never start, if its context ends meanwhile); handler
+// counts it when it starts.
 func (a *activity) decided(_ context.Context, _ *asynq.Task, key throttle.Key, d throttle.Decision) {
+	if d.Allowed {
+		return
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	t := a.tally(key)
-	if d.Allowed {
-		t.ran++
-	} else {
-		t.throttled++
-	}
+	a.tally(key).throttled++
 }
 
-// handler wraps next, which runs inside the throttle middleware: it counts as runs the
-// tasks that no rule throttles (decided never sees them), and counts failed runs.
+// handler wraps next, which runs inside the throttle middleware, so it is called when the
+// task starts: after the middleware admitted it and it waited for its slot, or at once for
+// a task that no rule throttles, that a shadow rule runs, or that runs unthrottled
+// (FailOpen, overdue=run). It counts the run, and a failed one.
 func (a *activity) handler(tenantHeader string, next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 		key := throttle.Key{TaskType: task.Type(), Tenant: task.Headers()[tenantHeader]}
-		if _, throttled := worker.DecisionFrom(ctx); !throttled {
-			a.mu.Lock()
-			a.tally(key).ran++
-			a.mu.Unlock()
-		}
+		a.mu.Lock()
+		a.tally(key).ran++
+		a.mu.Unlock()
 		err := next.ProcessTask(ctx, task)
 		if err != nil {
 			a.mu.Lock()

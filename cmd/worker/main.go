@@ -2,7 +2,8 @@
 // by THROTTLE_RULES. Every task, of any type, goes to one demo handler that POSTs it to
 // DEMO_API_URL or, if that is unset, sleeps WORKER_WORK_TIME. Every WORKER_LOG_INTERVAL it
 // logs, for each task type and tenant with activity (the WORKER_LOG_MAX_LINES busiest, and
-// one line for the rest), how many tasks ran and how many were throttled:
+// one line for the rest), how many tasks started (ran: a task admitted for a slot a
+// little ahead counts when it starts, after its wait) and how many denials there were:
 //
 //	2026/11/30 05:01:02 api:call tenant="acme" ran=5 throttled=12
 //	2026/11/30 05:01:02 ... and 4980 more (task type, tenant) pairs: ran=4980 throttled=9960
