@@ -48,8 +48,25 @@ type EnqueuerConfig struct {
 // EnqueueKeyInfix follows the workers' prefix in the key prefix of every enqueue quota:
 // "throttle" + ":enqueue". A worker's keys continue "<prefix>:{", never
 // "<prefix>:enqueue:", so enqueue quotas and execution quotas with the same prefix never
-// share a key, even for the same task type, tenant and window.
+// share a key, even for the same task type, tenant and window; and no worker prefix ends
+// in ":enqueue" (CheckPrefix), so neither do those of two different prefixes.
 const EnqueueKeyInfix = ":enqueue"
+
+// CheckPrefix returns an error if prefix cannot be the key prefix of the workers'
+// limiter (throttle.Config.Prefix, THROTTLE_PREFIX) without letting their execution
+// quotas share keys with enqueue quotas: if its last ':'-separated segment is "enqueue"
+// (EnqueueKeyInfix), as in "throttle:enqueue", a worker's keys under it,
+// "throttle:enqueue:{<task type>}:...", are those of the enqueue quotas of the prefix
+// "throttle". NewEnqueuer refuses such a Prefix, worker.NewOverrideStore such a prefix,
+// and cmd/worker and cmd/enqueue such a THROTTLE_PREFIX.
+func CheckPrefix(prefix string) error {
+	if prefix == EnqueueKeyInfix[1:] || strings.HasSuffix(prefix, EnqueueKeyInfix) {
+		return fmt.Errorf("producer: prefix %s: its last ':'-separated segment is %q, which enqueue quotas put after the workers' prefix "+
+			"(\"<prefix>%s:{<task type>}:...\"): a worker's keys under it would be enqueue quotas' keys; choose another",
+			quote.Quote(prefix), EnqueueKeyInfix[1:], EnqueueKeyInfix)
+	}
+	return nil
+}
 
 // Enqueuer enqueues asynq tasks tagged with their tenant and, for task types with enqueue
 // quotas, refuses a task past its tenant's quota with a *QuotaError. It is safe for
@@ -72,10 +89,13 @@ type Enqueuer struct {
 // is nil; if a quota's task type is empty, its list empty, a quota invalid
 // (throttle.Quota.Validate) or two quotas of a type have the same scope and window (the
 // larger would never decide anything); if Quotas is not empty and Redis is nil; or if
-// Prefix contains '{' or '}'.
+// Prefix contains '{' or '}', or cannot be a workers' prefix (CheckPrefix).
 func NewEnqueuer(client *asynq.Client, cfg EnqueuerConfig) (*Enqueuer, error) {
 	if client == nil {
 		return nil, errors.New("producer: NewEnqueuer: nil asynq.Client")
+	}
+	if err := CheckPrefix(cfg.Prefix); err != nil {
+		return nil, fmt.Errorf("producer: NewEnqueuer: EnqueuerConfig.Prefix: %w", err)
 	}
 	e := &Enqueuer{client: client, header: cfg.TenantHeader, quotas: make(map[string][]throttle.Quota, len(cfg.Quotas)), now: cfg.NowFunc}
 	if e.header == "" {

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/quote"
+	"github.com/asynq-throttle/asynq-throttle/producer"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -81,13 +82,18 @@ type OverrideStore struct {
 
 // NewOverrideStore returns the store of the overrides in rdb under OverridesKey(prefix),
 // prefix being the Limiter's (throttle.Config.Prefix, THROTTLE_PREFIX). It returns an
-// error if rdb is nil or prefix contains '{' or '}' (as throttle.New does).
+// error if rdb is nil, prefix contains '{' or '}' (as throttle.New does), or prefix
+// cannot be a workers' prefix because its keys would be enqueue quotas'
+// (producer.CheckPrefix).
 func NewOverrideStore(rdb redis.UniversalClient, prefix string) (*OverrideStore, error) {
 	if rdb == nil {
 		return nil, errors.New("worker: NewOverrideStore: nil Redis client")
 	}
 	if strings.ContainsAny(prefix, "{}") {
 		return nil, fmt.Errorf("worker: NewOverrideStore: prefix %q must not contain '{' or '}'", prefix)
+	}
+	if err := producer.CheckPrefix(prefix); err != nil {
+		return nil, fmt.Errorf("worker: NewOverrideStore: %w", err)
 	}
 	return &OverrideStore{rdb: rdb, key: OverridesKey(prefix)}, nil
 }

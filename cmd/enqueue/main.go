@@ -14,8 +14,9 @@
 // reads, as the worker does:
 //
 //	THROTTLE_TENANT_HEADER  the task header that names the tenant (default "tenant")
-//	THROTTLE_PREFIX         the limiter's key prefix (default "throttle"); enqueue quotas
-//	                        live under "<prefix>:enqueue:"
+//	THROTTLE_PREFIX         the workers' key prefix (default "throttle"); enqueue quotas
+//	                        live under "<prefix>:enqueue:", so its last ':'-separated
+//	                        segment must not be "enqueue" (producer.CheckPrefix)
 //	ENQUEUE_QUOTA           if set, enqueue quotas for -type, e.g. "tenant=10000/24h"
 //	                        (producer.ParseQuotas): a task past them is refused, not
 //	                        enqueued, and the run goes on with the next
@@ -167,6 +168,9 @@ func loadEnv() (env, error) {
 	case strings.ContainsAny(e.Prefix, "{}"):
 		return env{}, fmt.Errorf("THROTTLE_PREFIX=%q: must not contain '{' or '}': they would move the Redis Cluster hash tag", e.Prefix)
 	}
+	if err := producer.CheckPrefix(e.Prefix); err != nil { // it names the workers' prefix
+		return env{}, fmt.Errorf("THROTTLE_PREFIX=%q: %w", e.Prefix, err)
+	}
 	return e, nil
 }
 
@@ -316,7 +320,8 @@ Environment:
   THROTTLE_TENANT_HEADER
         the task header that names the tenant (default %q)
   THROTTLE_PREFIX
-        the limiter's key prefix (default %q); enqueue quotas live under <prefix>:enqueue:
+        the workers' key prefix (default %q); enqueue quotas live under <prefix>:enqueue:,
+        so its last ':'-separated segment must not be "enqueue"
   ENQUEUE_QUOTA
         enqueue quotas for -type, e.g. "tenant=10000/24h" or "tenant=100/1m type=5000/1h":
         a task past them is refused and not enqueued (default: none)

@@ -432,6 +432,10 @@ func TestRun_usageErrors(t *testing.T) {
 			name: "PrefixWithBrace", addr: "127.0.0.1:6379", env: map[string]string{"THROTTLE_PREFIX": "a{b"}, wantCode: exitUsage,
 			wantStderr: "enqueue: THROTTLE_PREFIX=\"a{b\": must not contain '{' or '}': they would move the Redis Cluster hash tag\n",
 		},
+		{
+			name: "PrefixEndsInEnqueue", addr: "127.0.0.1:6379", env: map[string]string{"THROTTLE_PREFIX": "throttle:enqueue"}, wantCode: exitUsage,
+			wantStderr: `enqueue: THROTTLE_PREFIX="throttle:enqueue": ` + "producer: prefix \"throttle:enqueue\": its last ':'-separated segment is \"enqueue\", which enqueue quotas put after the workers' prefix (\"<prefix>:enqueue:{<task type>}:...\"): a worker's keys under it would be enqueue quotas' keys; choose another\n",
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

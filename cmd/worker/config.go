@@ -14,6 +14,7 @@ import (
 	"github.com/kelseyhightower/envconfig"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
+	"github.com/asynq-throttle/asynq-throttle/producer"
 	"github.com/asynq-throttle/asynq-throttle/worker"
 )
 
@@ -33,7 +34,7 @@ type Config struct {
 	// TenantHeader is the task header that names the tenant.
 	TenantHeader string `envconfig:"THROTTLE_TENANT_HEADER" default:"tenant" desc:"task header that names the tenant"`
 	// Prefix starts every Redis key of the limiter.
-	Prefix string `envconfig:"THROTTLE_PREFIX" default:"throttle" desc:"Redis key prefix of the limiter; no '{' or '}'"`
+	Prefix string `envconfig:"THROTTLE_PREFIX" default:"throttle" desc:"Redis key prefix of the limiter; no '{' or '}', and its last ':'-separated segment not 'enqueue' (producers' enqueue quotas live under <prefix>:enqueue:)"`
 	// DemoAPIURL, if set, is the URL the demo handler POSTs each task to; otherwise the
 	// handler sleeps WorkTime.
 	DemoAPIURL string `envconfig:"DEMO_API_URL" desc:"if set, POST each task here (header Tenant, payload as body); non-2xx is a failure"`
@@ -144,6 +145,9 @@ func (c Config) validate() error {
 		return badVar("THROTTLE_PREFIX", "must not be empty")
 	case strings.ContainsAny(c.Prefix, "{}"):
 		return badVar("THROTTLE_PREFIX", "must not contain '{' or '}': they would move the Redis Cluster hash tag")
+	}
+	if err := producer.CheckPrefix(c.Prefix); err != nil { // "x:enqueue": keys of the producers' enqueue quotas
+		return badVar("THROTTLE_PREFIX", err.Error())
 	}
 	if c.MetricsAddr != "" {
 		if _, port, err := net.SplitHostPort(c.MetricsAddr); err != nil || port == "" {

@@ -183,6 +183,7 @@ func TestLoadConfig_malformed(t *testing.T) {
 		{"METRICS_ADDR", "9090", `want host:port`},
 		{"THROTTLE_TENANT_HEADER", "", `must not be empty`},
 		{"THROTTLE_PREFIX", "a{b}", `must not contain '{' or '}'`},
+		{"THROTTLE_PREFIX", "throttle:enqueue", `producer: prefix "throttle:enqueue": its last ':'-separated segment is "enqueue", which enqueue quotas put after the workers' prefix ("<prefix>:enqueue:{<task type>}:..."): a worker's keys under it would be enqueue quotas' keys; choose another`},
 		{"DEMO_API_URL", "localhost:8080", `want an http:// or https:// URL`},
 	}
 	for _, tc := range tests {
