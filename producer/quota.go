@@ -167,9 +167,10 @@ func (e *Enqueuer) Enqueue(ctx context.Context, taskType string, payload []byte,
 	return e.EnqueueTask(ctx, e.NewTask(taskType, payload, tenant), opts...)
 }
 
-// EnqueueTask checks task against its type's enqueue quotas (Check) and, if it fits,
-// enqueues it with the asynq client, with opts. A refusal is a *QuotaError (errors.Is
-// ErrQuotaExceeded), and nothing is enqueued. Any other error of Check is returned
+// EnqueueTask checks task (CheckTask) and against its type's enqueue quotas (Check) and,
+// if it fits, enqueues it with the asynq client, with opts. A refusal is a *QuotaError
+// (errors.Is ErrQuotaExceeded), and nothing is enqueued; a task that CheckTask refuses is
+// an ErrInvalidTask error. Any other error of Check is returned
 // (nothing enqueued: it fails closed), and so is asynq's, wrapped so that errors.Is finds
 // asynq.ErrDuplicateTask and asynq.ErrTaskIDConflict.
 //
@@ -198,10 +199,16 @@ func (e *Enqueuer) EnqueueTask(ctx context.Context, task *asynq.Task, opts ...as
 // same id again within the window replays the first admission and takes no second
 // slot. A TaskID given to asynq.NewTask rather than in opts cannot be read from the task.
 //
-// Other errors: a nil task, or a Redis error (wrapped), never to be read as an admission.
+// Other errors: a nil task; an ErrInvalidTask error (CheckTask with TenantHeader()),
+// before any Redis command, whether or not the task type has quotas, so that no slot is
+// taken by a task asynq would then refuse; or a Redis error (wrapped), never to be read as
+// an admission.
 func (e *Enqueuer) Check(ctx context.Context, task *asynq.Task, opts ...asynq.Option) error {
 	if task == nil {
 		return errors.New("producer: enqueue a nil task")
+	}
+	if err := CheckTask(task, e.header); err != nil {
+		return err
 	}
 	qs := e.quotas[task.Type()]
 	if len(qs) == 0 {

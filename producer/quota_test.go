@@ -317,6 +317,31 @@ func TestEnqueuer_tenantHeader(t *testing.T) {
 
 // A quota that cannot be checked refuses nothing and enqueues nothing: the error is not
 // a QuotaError (a web handler answers 503, not 429).
+// TestEnqueuer_invalidTask: a task whose tenant (in the Enqueuer's own header) is not
+// valid UTF-8 is refused by Check and EnqueueTask before the quota check, with an
+// ErrInvalidTask error naming the header: it takes no slot of its quota and enqueues
+// nothing.
+func TestEnqueuer_invalidTask(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Start(t)
+	enq, err := producer.NewEnqueuer(asynq.NewClientFromRedisClient(rdb), producer.EnqueuerConfig{TenantHeader: "org",
+		Quotas: map[string][]throttle.Quota{"api:call": {tenantQuota(5, time.Minute)}}, Redis: rdb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	want := `producer: invalid task: api:call: header "org" holds "caf\xe9", which is not valid UTF-8 and which asynq cannot encode`
+	if _, err := enq.Enqueue(ctx, "api:call", nil, "caf\xe9"); err == nil || err.Error() != want || !errors.Is(err, producer.ErrInvalidTask) {
+		t.Errorf("Enqueue = %v\nwant %s (ErrInvalidTask)", err, want)
+	}
+	if err := enq.Check(ctx, enq.NewTask("api:call", nil, "caf\xe9")); err == nil || err.Error() != want {
+		t.Errorf("Check = %v\nwant %s", err, want)
+	}
+	if n, err := rdb.DBSize(ctx).Result(); err != nil || n != 0 {
+		t.Errorf("Redis holds %d keys (%v) after refused enqueues, want 0: no slot taken, nothing enqueued", n, err)
+	}
+}
+
 func TestEnqueuer_limiterDown(t *testing.T) {
 	t.Parallel()
 	queueRedis := redistest.Start(t)

@@ -51,6 +51,7 @@ import (
 	"os/signal"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
 	"github.com/kelseyhightower/envconfig"
@@ -258,7 +259,7 @@ func parseFlags(args []string) (config, error) {
 	}
 	var err error
 	if c.tenants, err = splitTenants(tenants); err != nil {
-		return config{}, fmt.Errorf("-tenants %q: %w", tenants, err)
+		return config{}, fmt.Errorf("-tenants %s: %w", quote.Quote(tenants), err)
 	}
 	if c.perTenant < 1 {
 		return config{}, fmt.Errorf("-n %d: must be at least 1", c.perTenant)
@@ -295,7 +296,14 @@ func splitTenants(list string) ([]string, error) {
 			return nil, fmt.Errorf("tenant %d of %d is empty", i+1, len(tenants))
 		}
 		if seen[t] {
-			return nil, fmt.Errorf("tenant %q is listed twice", t)
+			return nil, fmt.Errorf("tenant %s is listed twice", quote.Quote(t))
+		}
+		// What producer.CheckTask would refuse for every task of the tenant.
+		if !utf8.ValidString(t) {
+			return nil, fmt.Errorf("tenant %d of %d, %s, is not valid UTF-8", i+1, len(tenants), quote.Quote(t))
+		}
+		if len(t) > throttle.MaxTenantBytes {
+			return nil, fmt.Errorf("tenant %d of %d is %d bytes, more than throttle.MaxTenantBytes (%d)", i+1, len(tenants), len(t), throttle.MaxTenantBytes)
 		}
 		seen[t] = true
 		tenants[i] = t
