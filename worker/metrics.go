@@ -116,8 +116,9 @@ type Metrics struct {
 	// asynq_throttle_pauses_active.
 	PausesActive prometheus.Gauge
 	// OverrideReloads counts the reloads of runtime overrides and tiers, by result
-	// (ReloadOK, ReloadError). It is a hook: the code that reloads overrides increments
-	// it; NewMetrics starts both results at 0. asynq_throttle_override_reloads_total.
+	// (ReloadOK, ReloadError). It is a hook: increment it from Config.OverrideReloadFunc,
+	// as cmd/worker does; NewMetrics starts both results at 0.
+	// asynq_throttle_override_reloads_total.
 	OverrideReloads *prometheus.CounterVec
 
 	reservations *reservationsGauge // asynq_throttle_reservations_held, read at scrape time

@@ -140,14 +140,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitConfig
 	}
 	mw, err := worker.New(lim, worker.Config{
-		Overrides:    overrides,
-		Rules:        cfg.Rules,
-		TenantHeader: cfg.TenantHeader,
-		Redis:        rdb,
-		FailOpen:     cfg.FailOpen,
-		Logger:       slog.New(slog.NewTextHandler(stderr, nil)),
-		Metrics:      metrics,
-		DecisionFunc: act.decided,
+		Overrides:          overrides,
+		OverrideReloadFunc: countReloads(metrics),
+		Rules:              cfg.Rules,
+		TenantHeader:       cfg.TenantHeader,
+		Redis:              rdb,
+		FailOpen:           cfg.FailOpen,
+		Logger:             slog.New(slog.NewTextHandler(stderr, nil)),
+		Metrics:            metrics,
+		DecisionFunc:       act.decided,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "THROTTLE_RULES=%q: %v\n", os.Getenv("THROTTLE_RULES"), err)
@@ -193,6 +194,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	logger.Printf("stopped")
 	return exitOK
+}
+
+// countReloads is the worker.Config.OverrideReloadFunc that counts each reload of the
+// overrides in asynq_throttle_override_reloads_total: result="ok" for a set put in force
+// (the one read at start too), result="error" for a check, read or parse that failed.
+// Without metrics it is nil: nothing to count.
+func countReloads(metrics *worker.Metrics) func(version int64, err error) {
+	if metrics == nil {
+		return nil
+	}
+	return func(_ int64, err error) {
+		result := worker.ReloadOK
+		if err != nil {
+			result = worker.ReloadError
+		}
+		metrics.OverrideReloads.WithLabelValues(result).Inc()
+	}
 }
 
 // asynqConfig is the asynq server's configuration for cfg, asynq's warnings and errors
