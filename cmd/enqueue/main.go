@@ -36,7 +36,7 @@
 //
 // Exit status: 0 when every task was enqueued; 1 when an enqueue failed (it stops at the
 // first failure, prints it on stderr and the report on stdout); 2 for bad flags or
-// environment; 3 when ENQUEUE_QUOTA refused some tasks and every other was enqueued.
+// environment (a REDIS_DB the Redis does not have included); 3 when ENQUEUE_QUOTA refused some tasks and every other was enqueued.
 package main
 
 import (
@@ -107,6 +107,15 @@ func runAt(ctx context.Context, args []string, stdout, stderr io.Writer, now fun
 	}
 	rdb := renv.NewClient()
 	defer rdb.Close()
+	// A REDIS_DB the server does not have fails every command: report it as the bad
+	// variable it is. Other failures (Redis down) show at the first enqueue.
+	pingCtx, cancel := context.WithTimeout(ctx, redisPingTimeout)
+	err = renv.Ping(pingCtx, rdb)
+	cancel()
+	if errors.Is(err, redisenv.ErrNoSuchDB) {
+		fmt.Fprintf(stderr, "enqueue: %v\n", err)
+		return exitUsage
+	}
 	ecfg := producer.EnqueuerConfig{TenantHeader: env.TenantHeader, Prefix: env.Prefix, Redis: rdb, NowFunc: now}
 	if len(env.Quota) > 0 {
 		ecfg.Quotas = map[string][]throttle.Quota{cfg.taskType: env.Quota}
@@ -146,6 +155,9 @@ func runAt(ctx context.Context, args []string, stdout, stderr io.Writer, now fun
 	}
 	return exitOK
 }
+
+// redisPingTimeout bounds the PING that checks REDIS_DB before the first enqueue.
+const redisPingTimeout = 5 * time.Second
 
 // env is what the command reads from the environment besides the REDIS_* variables,
 // under the names cmd/worker reads them.

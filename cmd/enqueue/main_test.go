@@ -380,6 +380,23 @@ func TestRun(t *testing.T) {
 	}
 }
 
+// TestRun_redisDBOutOfRange: REDIS_DB=99 on a Redis with 16 databases is a bad variable
+// (exit status 2), reported before any enqueue, naming REDIS_DB.
+func TestRun_redisDBOutOfRange(t *testing.T) {
+	srv := redistest.StartServer(t)
+	setRedisEnv(t, srv.Addr)
+	t.Setenv("REDIS_DB", "99")
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"-tenants", "acme", "-n", "2"}, &stdout, &stderr); code != exitUsage {
+		t.Errorf("exit %d, want 2", code)
+	}
+	want := `enqueue: redisenv: REDIS_DB="99": the Redis at REDIS_ADDR="` + srv.Addr + `" has no database 99 (ERR DB index is out of range); ` +
+		`it has databases 0 to N-1, N its "databases" setting (16 by default)` + "\n"
+	if stderr.String() != want || stdout.Len() != 0 {
+		t.Errorf("stderr %q\nwant   %q\nstdout %q, want none", stderr.String(), want, stdout.String())
+	}
+}
+
 func TestRun_redisDown(t *testing.T) {
 	srv := redistest.StartServer(t)
 	setRedisEnv(t, srv.Addr)

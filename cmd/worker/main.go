@@ -19,9 +19,10 @@
 // ones up to WORKER_SHUTDOWN_TIMEOUT (30s) to finish; asynq then cancels the context of
 // each one still running and puts it back in its queue, to run again from the start (on
 // this worker's next start, or on another worker). Exit status: 0 after a shutdown by
-// SIGINT or SIGTERM (a second one kills it at once); 1 if Redis does not answer within 5s at start, or asynq cannot start; 2
-// for a malformed variable (reported on stderr, naming it), an argument, or a
-// METRICS_ADDR it cannot listen on.
+// SIGINT or SIGTERM (a second one kills it at once); 1 if Redis does not answer within 5s
+// at start, or asynq cannot start; 2 for a malformed variable (reported on stderr, naming
+// it), a REDIS_DB the Redis does not have, an argument, or a METRICS_ADDR it cannot
+// listen on.
 package main
 
 import (
@@ -47,6 +48,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 	"github.com/asynq-throttle/asynq-throttle/worker"
 )
@@ -97,8 +99,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rdb := cfg.Redis.NewClient() // one client for the limiter, the middleware and asynq
 	defer rdb.Close()
 	pingCtx, cancel := context.WithTimeout(ctx, redisPingTimeout)
-	err = rdb.Ping(pingCtx).Err()
+	err = cfg.Redis.Ping(pingCtx, rdb)
 	cancel()
+	if errors.Is(err, redisenv.ErrNoSuchDB) { // REDIS_DB=99: a bad value, not an outage
+		fmt.Fprintln(stderr, err)
+		return exitConfig
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "worker: Redis at REDIS_ADDR=%q does not answer: %v\n", cfg.Redis.Addr, err)
 		return exitError
@@ -245,7 +251,8 @@ func usage(w io.Writer) {
 		"then asynq cancels the context of each one still running and puts it back in its queue (pending, no retry\n"+
 		"spent), to run again from the start. A second signal kills the worker at once.\n"+
 		"\nExit status: 0 after a shutdown by SIGINT or SIGTERM; 1 if Redis does not answer within %s at start\n"+
-		"or asynq cannot start; 2 for a malformed variable, an argument, or a METRICS_ADDR it cannot listen on.\n", redisPingTimeout)
+		"or asynq cannot start; 2 for a malformed variable, a REDIS_DB the Redis does not have, an argument,\n"+
+		"or a METRICS_ADDR it cannot listen on.\n", redisPingTimeout)
 }
 
 const usageFormat = "{{range .}}{{usage_key .}}\t{{usage_default .}}\t{{usage_description .}}\n{{end}}"

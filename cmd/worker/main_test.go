@@ -46,6 +46,7 @@ func TestRun_configErrorExits2(t *testing.T) {
 		{env: []string{"WORKER_CONCURRENCY", "ten"}, stderr: `WORKER_CONCURRENCY="ten": not an integer` + "\n"},
 		{env: []string{"REDIS_ADDR", "localhost"},
 			stderr: `redisenv: REDIS_ADDR="localhost": "localhost" is not host:port: missing port in address` + "\n"},
+		{env: []string{"REDIS_DB", "-1"}, stderr: `redisenv: REDIS_DB="-1": must be at least 0` + "\n"},
 		{args: []string{"extra"},
 			stderr: `worker: unexpected argument "extra": the worker is configured by environment variables (worker -h lists them)` + "\n"},
 	}
@@ -95,6 +96,22 @@ func TestRun_redisDownExits1(t *testing.T) {
 	}
 	if want := fmt.Sprintf("worker: Redis at REDIS_ADDR=%q does not answer: ", srv.Addr); !strings.HasPrefix(stderr.String(), want) {
 		t.Errorf("stderr %q, want it to start with %q", stderr.String(), want)
+	}
+}
+
+// TestRun_redisDBOutOfRangeExits2: REDIS_DB=99 on a Redis with 16 databases is a bad
+// value, not an outage: exit status 2 and a message naming REDIS_DB.
+func TestRun_redisDBOutOfRangeExits2(t *testing.T) {
+	srv := redistest.StartServer(t)
+	clearEnv(t, "REDIS_ADDR", srv.Addr, "REDIS_DB", "99")
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), nil, &stdout, &stderr); code != 2 {
+		t.Errorf("exit status %d, want 2", code)
+	}
+	want := `redisenv: REDIS_DB="99": the Redis at REDIS_ADDR="` + srv.Addr + `" has no database 99 (ERR DB index is out of range); ` +
+		`it has databases 0 to N-1, N its "databases" setting (16 by default)` + "\n"
+	if stderr.String() != want || stdout.Len() != 0 {
+		t.Errorf("stderr %q\nwant   %q\nstdout %q, want none", stderr.String(), want, stdout.String())
 	}
 }
 

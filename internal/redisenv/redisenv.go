@@ -10,10 +10,13 @@
 //	REDIS_DB           database number, >= 0. Defaults to 0. Redis Cluster has only 0.
 //
 // A command builds one client with Config.NewClient and shares it with asynq through
-// asynq.NewClientFromRedisClient, NewServerFromRedisClient and NewInspectorFromRedisClient.
+// asynq.NewClientFromRedisClient, NewServerFromRedisClient and NewInspectorFromRedisClient,
+// and checks it with Config.Ping, which tells a REDIS_DB the server does not have
+// (ErrNoSuchDB) from an unreachable Redis.
 package redisenv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -94,14 +97,48 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.DB < 0 {
-		return fmt.Errorf("redisenv: REDIS_DB=%d: must be at least 0", c.DB)
+		return fmt.Errorf("redisenv: REDIS_DB=\"%d\": must be at least 0", c.DB)
 	}
 	if c.DB != 0 && c.MasterName == "" && len(addrs) > 1 {
-		return fmt.Errorf("redisenv: REDIS_DB=%d: Redis Cluster (REDIS_ADDR lists %d nodes) has only database 0",
+		return fmt.Errorf("redisenv: REDIS_DB=\"%d\": Redis Cluster (REDIS_ADDR lists %d nodes) has only database 0",
 			c.DB, len(addrs))
 	}
 	return nil
 }
+
+// ErrNoSuchDB matches, under errors.Is, the error of Config.Ping when the Redis server has
+// no database REDIS_DB: a bad value of the variable, not an outage.
+var ErrNoSuchDB = errors.New("redisenv: REDIS_DB names a database the Redis server does not have")
+
+// Ping sends a PING with rdb, a client made by c.NewClient, and returns nil if Redis
+// answered. A connection first selects database c.DB, so a DB the server does not have
+// fails every command with "ERR DB index is out of range": Ping reports that as an
+// ErrNoSuchDB error naming REDIS_DB and quoting its value,
+//
+//	redisenv: REDIS_DB="99": the Redis at REDIS_ADDR="127.0.0.1:6379" has no database 99 (ERR DB index is out of range); ...
+//
+// which a command reports as a bad variable (exit status 2). Any other error is
+// returned as it is (Redis unreachable, a timeout of ctx, a wrong password).
+func (c Config) Ping(ctx context.Context, rdb redis.UniversalClient) error {
+	err := rdb.Ping(ctx).Err()
+	var rerr redis.Error
+	if errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "ERR DB index is out of range") {
+		return &noSuchDBError{err: err, msg: fmt.Sprintf("redisenv: REDIS_DB=\"%d\": the Redis at REDIS_ADDR=%q has no database %d (%v); "+
+			"it has databases 0 to N-1, N its \"databases\" setting (16 by default)", c.DB, c.Addr, c.DB, err)}
+	}
+	return err
+}
+
+// noSuchDBError is Ping's error for a database the server does not have: ErrNoSuchDB
+// under errors.Is, and Redis's own error under errors.As.
+type noSuchDBError struct {
+	msg string
+	err error // Redis's
+}
+
+func (e *noSuchDBError) Error() string        { return e.msg }
+func (e *noSuchDBError) Unwrap() error        { return e.err }
+func (e *noSuchDBError) Is(target error) bool { return target == ErrNoSuchDB }
 
 // checkAddr reports why a is not host:port.
 func checkAddr(a string) error {
