@@ -206,8 +206,10 @@ func NewMetricsWithConfig(reg prometheus.Registerer, cfg MetricsConfig) (*Metric
 			[]string{"task_type"}, nil),
 		errors: m.RedisErrors,
 	}
+	// m.RedisErrors is registered through m.reservations, which collects it after its own
+	// listing: a scrape whose listing fails reports that failure in the same scrape.
 	collectors := []prometheus.Collector{m.Decisions, m.SkewFallbacks, m.ClockSkew, m.ThrottleDelay,
-		m.ScriptDuration, m.TasksWaiting, m.RedisErrors, m.PausesActive, m.OverrideReloads, m.reservations}
+		m.ScriptDuration, m.TasksWaiting, m.PausesActive, m.OverrideReloads, m.reservations}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			for _, done := range collectors[:i] { // all or nothing, so that a retry can work
@@ -319,7 +321,10 @@ func tenantLabelValue(tenant string) string {
 }
 
 // reservationsGauge is the collector of asynq_throttle_reservations_held: at each
-// scrape it counts the reservations of every (limiter, task type) it watches.
+// scrape it counts the reservations of every (limiter, task type) it watches. It also
+// collects asynq_throttle_redis_errors_total (errors), after the listing, so that a
+// scrape counts its own failed listings: registered apart, the counter could be collected
+// (in a goroutine of its own) before the listing failed, and lag a scrape behind.
 type reservationsGauge struct {
 	desc   *prometheus.Desc
 	errors *prometheus.CounterVec // Metrics.RedisErrors
@@ -348,11 +353,15 @@ func (g *reservationsGauge) watch(lim *throttle.Limiter, taskTypes []string) {
 	}
 }
 
-// Describe implements prometheus.Collector.
-func (g *reservationsGauge) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
+// Describe implements prometheus.Collector: the gauge's and the Redis errors' descriptions.
+func (g *reservationsGauge) Describe(ch chan<- *prometheus.Desc) {
+	ch <- g.desc
+	g.errors.Describe(ch)
+}
 
 // Collect implements prometheus.Collector: one gauge per task type, the sum over the
-// limiters that throttle it; a task type whose listing failed is left out.
+// limiters that throttle it; a task type whose listing failed is left out, and counted
+// in the Redis errors, which it then collects.
 func (g *reservationsGauge) Collect(ch chan<- prometheus.Metric) {
 	g.mu.Lock()
 	sources := append([]reservationSource(nil), g.sources...)
@@ -370,6 +379,7 @@ func (g *reservationsGauge) Collect(ch chan<- prometheus.Metric) {
 		}
 		held[s.taskType] += n
 	}
+	g.errors.Collect(ch) // with this scrape's failures
 	types := make([]string, 0, len(held))
 	for tt := range held {
 		if !failed[tt] {
