@@ -18,7 +18,7 @@
 -- holder n bytes), FAIRQ (sorted set: token -> fair tag), FAIRH (hash: "v" -> the tag of
 -- the latest claimed reservation, "l:<tenant>" -> the tenant's latest tag).
 --
--- THE RULE (DESIGN.md 3b). Cost c fits at instant t iff, for every quota (limit, W), every
+-- THE RULE (README.md, The script). Cost c fits at instant t iff, for every quota (limit, W), every
 -- window (x - W, x] with t <= x < t + W holds at most limit - c, each entry counted at its
 -- own instant, past or future. An event is decided at the earliest t >= now at which it
 -- fits every quota: admitted if t <= now + wait (for instant t: the caller starts then);

@@ -17,10 +17,16 @@ package producer
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"slices"
+	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
 // TenantHeader is the task header that carries the tenant, the default that worker.Config reads.
@@ -62,12 +68,51 @@ func Tenant(task *asynq.Task) (tenant string, ok bool) {
 
 // Enqueue enqueues a task of taskType for tenant with c, as NewTask then
 // c.EnqueueContext: opts are the enqueue options (queue, MaxRetry, ProcessIn, ...).
-// ctx bounds the enqueue call only, not the task's processing. The error wraps
-// asynq's, so errors.Is finds asynq.ErrDuplicateTask and asynq.ErrTaskIDConflict.
+// ctx bounds the enqueue call only, not the task's processing. It first checks the task
+// (CheckTask): a tenant or task type that is not valid UTF-8, or a tenant longer than
+// throttle.MaxTenantBytes, is an ErrInvalidTask error naming the header, and nothing is
+// sent. Otherwise the error wraps asynq's, so errors.Is finds asynq.ErrDuplicateTask and
+// asynq.ErrTaskIDConflict.
 func Enqueue(ctx context.Context, c *asynq.Client, taskType string, payload []byte, tenant string, opts ...asynq.Option) (*asynq.TaskInfo, error) {
-	info, err := c.EnqueueContext(ctx, NewTask(taskType, payload, tenant), opts...)
+	task := NewTask(taskType, payload, tenant)
+	if err := CheckTask(task, TenantHeader); err != nil {
+		return nil, err
+	}
+	info, err := c.EnqueueContext(ctx, task, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("producer: enqueue %s for tenant %q: %w", taskType, tenant, err)
+		return nil, fmt.Errorf("producer: enqueue %s for tenant %s: %w", quote.Name(taskType), quote.Quote(tenant), err)
 	}
 	return info, nil
+}
+
+// ErrInvalidTask matches, under errors.Is, the error for a task that asynq cannot
+// enqueue or that the workers could never decide (see CheckTask).
+var ErrInvalidTask = errors.New("producer: invalid task")
+
+// CheckTask returns an ErrInvalidTask error, naming the task type and the header, if task
+// cannot be enqueued as it is: its type, a header's name or a header's value is not valid
+// UTF-8 (asynq encodes them as protobuf strings, and its own error says only "cannot
+// encode message"), or the header tenantHeader holds a tenant longer than
+// throttle.MaxTenantBytes (1024), which the workers' limiter refuses: the middleware would
+// archive the task. Enqueue and every Enqueuer method that enqueues or checks call it
+// first, before any Redis command.
+func CheckTask(task *asynq.Task, tenantHeader string) error {
+	if !utf8.ValidString(task.Type()) {
+		return fmt.Errorf("%w: task type %s is not valid UTF-8, which asynq cannot encode", ErrInvalidTask, quote.Quote(task.Type()))
+	}
+	for _, name := range slices.Sorted(maps.Keys(task.Headers())) { // the same error for the same task
+		value := task.Headers()[name]
+		switch {
+		case !utf8.ValidString(name):
+			return fmt.Errorf("%w: %s: header name %s is not valid UTF-8, which asynq cannot encode",
+				ErrInvalidTask, quote.Name(task.Type()), quote.Quote(name))
+		case !utf8.ValidString(value):
+			return fmt.Errorf("%w: %s: header %s holds %s, which is not valid UTF-8 and which asynq cannot encode",
+				ErrInvalidTask, quote.Name(task.Type()), quote.Quote(name), quote.Quote(value))
+		case name == tenantHeader && len(value) > throttle.MaxTenantBytes:
+			return fmt.Errorf("%w: %s: header %s holds a tenant of %d bytes, more than throttle.MaxTenantBytes (%d): workers would archive the task",
+				ErrInvalidTask, quote.Name(task.Type()), quote.Quote(name), len(value), throttle.MaxTenantBytes)
+		}
+	}
+	return nil
 }

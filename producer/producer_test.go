@@ -11,6 +11,7 @@ import (
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/producer"
+	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
 func TestNewTask(t *testing.T) {
@@ -153,5 +154,44 @@ func TestEnqueue(t *testing.T) {
 	}
 	if want := `producer: enqueue api:call for tenant "acme": `; !strings.HasPrefix(err.Error(), want) {
 		t.Errorf("error = %q, want prefix %q", err, want)
+	}
+}
+
+// TestEnqueue_invalidTask: a tenant (or another header, or the task type) that is not
+// valid UTF-8, which asynq would refuse with only "cannot encode message", and a tenant
+// longer than throttle.MaxTenantBytes, which the workers would archive, are refused
+// before anything is sent, by an ErrInvalidTask error that names the header. A tenant of
+// exactly MaxTenantBytes is enqueued.
+func TestEnqueue_invalidTask(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Start(t)
+	client := asynq.NewClientFromRedisClient(rdb)
+	ctx := context.Background()
+	long := strings.Repeat("x", throttle.MaxTenantBytes+1)
+	tests := []struct {
+		taskType, tenant, want string
+	}{
+		{"api:call", "bad\xffbyte",
+			`producer: invalid task: api:call: header "tenant" holds "bad\xffbyte", which is not valid UTF-8 and which asynq cannot encode`},
+		{"api:call", long, `producer: invalid task: api:call: header "tenant" holds a tenant of 1025 bytes, ` +
+			`more than throttle.MaxTenantBytes (1024): workers would archive the task`},
+		{"api:\xfe", "acme", `producer: invalid task: task type "api:\xfe" is not valid UTF-8, which asynq cannot encode`},
+	}
+	for _, tc := range tests {
+		info, err := producer.Enqueue(ctx, client, tc.taskType, nil, tc.tenant)
+		if err == nil || err.Error() != tc.want || !errors.Is(err, producer.ErrInvalidTask) || info != nil {
+			t.Errorf("Enqueue(%q, tenant %.20q) = %v, %v\nwant nil, %s (ErrInvalidTask)", tc.taskType, tc.tenant, info, err, tc.want)
+		}
+	}
+	other := asynq.NewTaskWithHeaders("api:call", nil, map[string]string{"trace": "\xc3(", "tenant": "acme"})
+	if err, want := producer.CheckTask(other, producer.TenantHeader), `producer: invalid task: api:call: header "trace" holds "\xc3(", `+
+		`which is not valid UTF-8 and which asynq cannot encode`; err == nil || err.Error() != want {
+		t.Errorf("CheckTask(header trace) = %v, want %s", err, want)
+	}
+	if n, err := rdb.DBSize(ctx).Result(); err != nil || n != 0 {
+		t.Errorf("Redis holds %d keys (%v) after refused enqueues, want 0", n, err)
+	}
+	if _, err := producer.Enqueue(ctx, client, "api:call", nil, long[:throttle.MaxTenantBytes]); err != nil {
+		t.Errorf("Enqueue with a tenant of MaxTenantBytes: %v", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -47,8 +48,25 @@ type EnqueuerConfig struct {
 // EnqueueKeyInfix follows the workers' prefix in the key prefix of every enqueue quota:
 // "throttle" + ":enqueue". A worker's keys continue "<prefix>:{", never
 // "<prefix>:enqueue:", so enqueue quotas and execution quotas with the same prefix never
-// share a key, even for the same task type, tenant and window.
+// share a key, even for the same task type, tenant and window; and no worker prefix ends
+// in ":enqueue" (CheckPrefix), so neither do those of two different prefixes.
 const EnqueueKeyInfix = ":enqueue"
+
+// CheckPrefix returns an error if prefix cannot be the key prefix of the workers'
+// limiter (throttle.Config.Prefix, THROTTLE_PREFIX) without letting their execution
+// quotas share keys with enqueue quotas: if its last ':'-separated segment is "enqueue"
+// (EnqueueKeyInfix), as in "throttle:enqueue", a worker's keys under it,
+// "throttle:enqueue:{<task type>}:...", are those of the enqueue quotas of the prefix
+// "throttle". NewEnqueuer refuses such a Prefix, worker.NewOverrideStore such a prefix,
+// and cmd/worker and cmd/enqueue such a THROTTLE_PREFIX.
+func CheckPrefix(prefix string) error {
+	if prefix == EnqueueKeyInfix[1:] || strings.HasSuffix(prefix, EnqueueKeyInfix) {
+		return fmt.Errorf("producer: prefix %s: its last ':'-separated segment is %q, which enqueue quotas put after the workers' prefix "+
+			"(\"<prefix>%s:{<task type>}:...\"): a worker's keys under it would be enqueue quotas' keys; choose another",
+			quote.Quote(prefix), EnqueueKeyInfix[1:], EnqueueKeyInfix)
+	}
+	return nil
+}
 
 // Enqueuer enqueues asynq tasks tagged with their tenant and, for task types with enqueue
 // quotas, refuses a task past its tenant's quota with a *QuotaError. It is safe for
@@ -71,10 +89,13 @@ type Enqueuer struct {
 // is nil; if a quota's task type is empty, its list empty, a quota invalid
 // (throttle.Quota.Validate) or two quotas of a type have the same scope and window (the
 // larger would never decide anything); if Quotas is not empty and Redis is nil; or if
-// Prefix contains '{' or '}'.
+// Prefix contains '{' or '}', or cannot be a workers' prefix (CheckPrefix).
 func NewEnqueuer(client *asynq.Client, cfg EnqueuerConfig) (*Enqueuer, error) {
 	if client == nil {
 		return nil, errors.New("producer: NewEnqueuer: nil asynq.Client")
+	}
+	if err := CheckPrefix(cfg.Prefix); err != nil {
+		return nil, fmt.Errorf("producer: NewEnqueuer: EnqueuerConfig.Prefix: %w", err)
 	}
 	e := &Enqueuer{client: client, header: cfg.TenantHeader, quotas: make(map[string][]throttle.Quota, len(cfg.Quotas)), now: cfg.NowFunc}
 	if e.header == "" {
@@ -146,9 +167,10 @@ func (e *Enqueuer) Enqueue(ctx context.Context, taskType string, payload []byte,
 	return e.EnqueueTask(ctx, e.NewTask(taskType, payload, tenant), opts...)
 }
 
-// EnqueueTask checks task against its type's enqueue quotas (Check) and, if it fits,
-// enqueues it with the asynq client, with opts. A refusal is a *QuotaError (errors.Is
-// ErrQuotaExceeded), and nothing is enqueued. Any other error of Check is returned
+// EnqueueTask checks task (CheckTask) and against its type's enqueue quotas (Check) and,
+// if it fits, enqueues it with the asynq client, with opts. A refusal is a *QuotaError
+// (errors.Is ErrQuotaExceeded), and nothing is enqueued; a task that CheckTask refuses is
+// an ErrInvalidTask error. Any other error of Check is returned
 // (nothing enqueued: it fails closed), and so is asynq's, wrapped so that errors.Is finds
 // asynq.ErrDuplicateTask and asynq.ErrTaskIDConflict.
 //
@@ -162,7 +184,7 @@ func (e *Enqueuer) EnqueueTask(ctx context.Context, task *asynq.Task, opts ...as
 	tenant := task.Headers()[e.header]
 	info, err := e.client.EnqueueContext(ctx, task, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("producer: enqueue %s for tenant %q: %w", task.Type(), tenant, err)
+		return nil, fmt.Errorf("producer: enqueue %s for tenant %s: %w", quote.Name(task.Type()), quote.Quote(tenant), err)
 	}
 	return info, nil
 }
@@ -177,10 +199,16 @@ func (e *Enqueuer) EnqueueTask(ctx context.Context, task *asynq.Task, opts ...as
 // same id again within the window replays the first admission and takes no second
 // slot. A TaskID given to asynq.NewTask rather than in opts cannot be read from the task.
 //
-// Other errors: a nil task, or a Redis error (wrapped), never to be read as an admission.
+// Other errors: a nil task; an ErrInvalidTask error (CheckTask with TenantHeader()),
+// before any Redis command, whether or not the task type has quotas, so that no slot is
+// taken by a task asynq would then refuse; or a Redis error (wrapped), never to be read as
+// an admission.
 func (e *Enqueuer) Check(ctx context.Context, task *asynq.Task, opts ...asynq.Option) error {
 	if task == nil {
 		return errors.New("producer: enqueue a nil task")
+	}
+	if err := CheckTask(task, e.header); err != nil {
+		return err
 	}
 	qs := e.quotas[task.Type()]
 	if len(qs) == 0 {
@@ -196,7 +224,7 @@ func (e *Enqueuer) Check(ctx context.Context, task *asynq.Task, opts ...asynq.Op
 		d, err = e.lim.Allow(ctx, req)
 	}
 	if err != nil {
-		return fmt.Errorf("producer: enqueue quota of %s for tenant %q: %w", key.TaskType, key.Tenant, err)
+		return fmt.Errorf("producer: enqueue quota of %s for tenant %s: %w", quote.Name(key.TaskType), quote.Quote(key.Tenant), err)
 	}
 	if d.Allowed {
 		return nil
@@ -253,8 +281,8 @@ type QuotaError struct {
 
 // Error names the task type, the tenant, the quota and the wait.
 func (e *QuotaError) Error() string {
-	return fmt.Sprintf("producer: %s for tenant %q over enqueue quota %s, retry after %s",
-		e.TaskType, e.Tenant, e.Quota, e.RetryAfter)
+	return fmt.Sprintf("producer: %s for tenant %s over enqueue quota %s, retry after %s",
+		quote.Name(e.TaskType), quote.Quote(e.Tenant), e.Quota, e.RetryAfter)
 }
 
 // Is reports whether target is ErrQuotaExceeded.

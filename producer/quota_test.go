@@ -317,6 +317,31 @@ func TestEnqueuer_tenantHeader(t *testing.T) {
 
 // A quota that cannot be checked refuses nothing and enqueues nothing: the error is not
 // a QuotaError (a web handler answers 503, not 429).
+// TestEnqueuer_invalidTask: a task whose tenant (in the Enqueuer's own header) is not
+// valid UTF-8 is refused by Check and EnqueueTask before the quota check, with an
+// ErrInvalidTask error naming the header: it takes no slot of its quota and enqueues
+// nothing.
+func TestEnqueuer_invalidTask(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Start(t)
+	enq, err := producer.NewEnqueuer(asynq.NewClientFromRedisClient(rdb), producer.EnqueuerConfig{TenantHeader: "org",
+		Quotas: map[string][]throttle.Quota{"api:call": {tenantQuota(5, time.Minute)}}, Redis: rdb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	want := `producer: invalid task: api:call: header "org" holds "caf\xe9", which is not valid UTF-8 and which asynq cannot encode`
+	if _, err := enq.Enqueue(ctx, "api:call", nil, "caf\xe9"); err == nil || err.Error() != want || !errors.Is(err, producer.ErrInvalidTask) {
+		t.Errorf("Enqueue = %v\nwant %s (ErrInvalidTask)", err, want)
+	}
+	if err := enq.Check(ctx, enq.NewTask("api:call", nil, "caf\xe9")); err == nil || err.Error() != want {
+		t.Errorf("Check = %v\nwant %s", err, want)
+	}
+	if n, err := rdb.DBSize(ctx).Result(); err != nil || n != 0 {
+		t.Errorf("Redis holds %d keys (%v) after refused enqueues, want 0: no slot taken, nothing enqueued", n, err)
+	}
+}
+
 func TestEnqueuer_limiterDown(t *testing.T) {
 	t.Parallel()
 	queueRedis := redistest.Start(t)
@@ -425,6 +450,8 @@ func TestNewEnqueuer_errors(t *testing.T) {
 			want: `producer: task type "api:call": enqueue quotas tenant=5/1m and tenant=3/1m have the same scope and window; keep one`},
 		{name: "BadPrefix", client: client, cfg: producer.EnqueuerConfig{Quotas: map[string][]throttle.Quota{"api:call": {q}}, Redis: redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), Prefix: "a{b}"},
 			want: `producer: NewEnqueuer: throttle: prefix "a{b}:enqueue" must not contain '{' or '}': they would move the Redis Cluster hash tag`},
+		{name: "EnqueuePrefix", client: client, cfg: producer.EnqueuerConfig{Prefix: "throttle:enqueue"},
+			want: `producer: NewEnqueuer: EnqueuerConfig.Prefix: producer: prefix "throttle:enqueue": its last ':'-separated segment is "enqueue", which enqueue quotas put after the workers' prefix ("<prefix>:enqueue:{<task type>}:..."): a worker's keys under it would be enqueue quotas' keys; choose another`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -437,6 +464,43 @@ func TestNewEnqueuer_errors(t *testing.T) {
 				t.Errorf("NewEnqueuer returned %v with its error", enq)
 			}
 		})
+	}
+}
+
+// TestCheckPrefix: a workers' prefix whose last ':'-separated segment is "enqueue" is
+// refused, because its keys would be those of another prefix's enqueue quotas (shown
+// below with the keys of both); any other prefix is accepted.
+func TestCheckPrefix(t *testing.T) {
+	t.Parallel()
+	for _, p := range []string{"throttle", "myapp:throttle", "enqueued", "enqueue:x", "throttle:enqueuer", "throttle:enqueue:x", "x-enqueue"} {
+		if err := producer.CheckPrefix(p); err != nil {
+			t.Errorf("CheckPrefix(%q) = %v, want nil", p, err)
+		}
+	}
+	for _, p := range []string{"throttle:enqueue", "enqueue", "a:b:enqueue"} {
+		want := `producer: prefix "` + p + `": its last ':'-separated segment is "enqueue", which enqueue quotas put after the workers' prefix ` +
+			`("<prefix>:enqueue:{<task type>}:..."): a worker's keys under it would be enqueue quotas' keys; choose another`
+		if err := producer.CheckPrefix(p); err == nil || err.Error() != want {
+			t.Errorf("CheckPrefix(%q) = %v\nwant %s", p, err, want)
+		}
+	}
+
+	// Why: a limiter with the prefix "throttle:enqueue" (as a worker would build it) names
+	// the very keys of the enqueue quotas of the prefix "throttle".
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	enq, err := producer.NewEnqueuer(asynq.NewClientFromRedisClient(rdb), producer.EnqueuerConfig{
+		Quotas: map[string][]throttle.Quota{"api:call": {tenantQuota(5, time.Minute)}}, Redis: rdb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := throttle.New(rdb, throttle.Config{Prefix: "throttle:enqueue"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := throttle.Key{TaskType: "api:call", Tenant: "acme"}
+	if got, enqKey := lim.RedisKey(key, throttle.ScopeTenant), enq.RedisKey("api:call", "acme", throttle.ScopeTenant); got != enqKey ||
+		got != "throttle:enqueue:{api:call}:tenant:acme" {
+		t.Errorf("worker key %q, enqueue key %q: want both throttle:enqueue:{api:call}:tenant:acme", got, enqKey)
 	}
 }
 

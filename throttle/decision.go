@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 )
 
 // Decision is the outcome of one Allow call.
@@ -91,8 +93,8 @@ type DeniedError struct {
 
 // Error names the task type, tenant, quota and wait.
 func (e *DeniedError) Error() string {
-	return fmt.Sprintf("throttle: %s for tenant %q over %s, retry after %s",
-		e.Key.TaskType, e.Key.Tenant, e.Quota, e.RetryAfter)
+	return fmt.Sprintf("throttle: %s for tenant %s over %s, retry after %s",
+		quote.Name(e.Key.TaskType), quote.Quote(e.Key.Tenant), e.Quota, e.RetryAfter)
 }
 
 // Is reports whether target is ErrDenied.

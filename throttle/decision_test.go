@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,5 +143,26 @@ func TestDeniedError(t *testing.T) {
 	}
 	if errors.Is(throttle.ErrInvalid, throttle.ErrCostOverLimit) {
 		t.Error("errors.Is(ErrInvalid, ErrCostOverLimit) = true")
+	}
+}
+
+// TestDeniedError_Error: the tenant is quoted and cut to 64 bytes, the task type cut and
+// quoted only when it needs it.
+func TestDeniedError_Error(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		key  throttle.Key
+		want string
+	}{
+		{throttle.Key{TaskType: "api:call", Tenant: "acme"}, `throttle: api:call for tenant "acme" over tenant=5/1s, retry after 1.5s`},
+		{throttle.Key{TaskType: "api:call", Tenant: "evil\nline"}, `throttle: api:call for tenant "evil\nline" over tenant=5/1s, retry after 1.5s`},
+		{throttle.Key{TaskType: "two words", Tenant: strings.Repeat("y", 5000)},
+			`throttle: "two words" for tenant "` + strings.Repeat("y", 64) + `"...(5000 bytes) over tenant=5/1s, retry after 1.5s`},
+	}
+	for _, tc := range tests {
+		e := &throttle.DeniedError{Key: tc.key, Quota: tenantQuota(5, time.Second), RetryAfter: 1500 * time.Millisecond}
+		if got := e.Error(); got != tc.want {
+			t.Errorf("Error() = %s\nwant      %s", got, tc.want)
+		}
 	}
 }

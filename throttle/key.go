@@ -13,6 +13,13 @@ type Key struct {
 	Tenant   string // the tenant the event counts against; "" is a tenant like any other
 }
 
+// MaxTenantBytes is the longest Key.Tenant a Request may have: Allow, AllowAt and Cancel
+// return ErrInvalid, naming the tenant's length, for a longer one. A tenant is part of
+// the key of its window log and of each reservation's lease, and is quoted in errors: a
+// megabyte-long tenant would make megabyte-long keys, leases and errors. Tenants are ids
+// (an account, an API key's owner), and 1024 bytes leaves room for any of those.
+const MaxTenantBytes = 1024
+
 // Scope says which events share a window log.
 type Scope uint8
 

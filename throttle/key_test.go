@@ -1,6 +1,8 @@
 package throttle_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -186,5 +188,24 @@ func TestQuota_Validate(t *testing.T) {
 		} else if err != nil && !strings.HasPrefix(err.Error(), "throttle: ") {
 			t.Errorf("%s.Validate() = %q, want it to start with \"throttle: \"", tc.q, err)
 		}
+	}
+}
+
+// TestLimiter_tenantTooLong: a request whose tenant is longer than MaxTenantBytes is
+// ErrInvalid, and the error names the tenant's length and shows only its first 64 bytes,
+// quoted: a 1 MB tenant makes an error of 189 bytes, not of a megabyte.
+func TestLimiter_tenantTooLong(t *testing.T) {
+	t.Parallel()
+	l, _ := newLimiterClient(t, throttle.Config{})
+	req := throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: strings.Repeat("x", 1<<20)},
+		Quotas: []throttle.Quota{tenantQuota(5, time.Second)}}
+	_, err := l.AllowAt(context.Background(), req, ms(1000))
+	want := `throttle: invalid request: api:call for tenant "` + strings.Repeat("x", 64) +
+		`"...(1048576 bytes): tenant of 1048576 bytes, more than MaxTenantBytes (1024)`
+	if err == nil || err.Error() != want || !errors.Is(err, throttle.ErrInvalid) {
+		t.Errorf("err = %v\nwant %s (ErrInvalid)", err, want)
+	}
+	if err := l.Cancel(context.Background(), throttle.Request{Key: req.Key, Quotas: req.Quotas, Reservation: "task-1"}); err == nil || err.Error() != want {
+		t.Errorf("Cancel: err = %v\nwant %s", err, want)
 	}
 }

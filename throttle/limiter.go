@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/lua"
 )
 
@@ -118,9 +119,9 @@ type Request struct {
 }
 
 // ErrInvalid matches, under errors.Is, every error that Allow returns for a request that
-// could never be decided: no task type, no quota, a bad Limit or Scope, a cost outside
-// [1, Events], a bad Member, Weight or wait, or an instant outside 1970-2109. Such errors
-// are returned before any Redis command is sent.
+// could never be decided: no task type, a tenant longer than MaxTenantBytes, no quota, a
+// bad Limit or Scope, a cost outside [1, Events], a bad Member, Weight or wait, or an
+// instant outside 1970-2109. Such errors are returned before any Redis command is sent.
 var ErrInvalid = errors.New("throttle: invalid request")
 
 // ErrCostOverLimit matches (as well as ErrInvalid) the error for a request whose cost is
@@ -229,7 +230,7 @@ func (l *Limiter) Release(ctx context.Context, taskType, token string) (bool, er
 	}
 	n, err := lua.SlidingWindow.Run(ctx, l.run, []string{leasesKey(l.prefix, taskType)}, "r", token).Int64()
 	if err != nil {
-		return false, fmt.Errorf("throttle: release reservation %q of %s: %w", token, taskType, err)
+		return false, fmt.Errorf("throttle: release reservation %q of %s: %w", token, quote.Name(taskType), err)
 	}
 	return n == 1, nil
 }
@@ -252,11 +253,11 @@ func (l *Limiter) PauseAt(ctx context.Context, key Key, scope Scope, until, now 
 	}
 	u := until.UnixMilli()
 	if u < 0 || u >= maxMS {
-		return fmt.Errorf("%w: pause of %s for tenant %q until %s: outside 1970-2109", ErrInvalid,
-			key.TaskType, key.Tenant, until.UTC().Format(time.RFC3339Nano))
+		return fmt.Errorf("%w: pause of %s for tenant %s until %s: outside 1970-2109", ErrInvalid,
+			quote.Name(key.TaskType), quote.Quote(key.Tenant), until.UTC().Format(time.RFC3339Nano))
 	}
 	if err := lua.SlidingWindow.Run(ctx, l.run, []string{redisKey(l.prefix, key, scope)}, "p", u, now.UnixMilli()).Err(); err != nil {
-		return fmt.Errorf("throttle: pause %s for tenant %q: %w", key.TaskType, key.Tenant, err)
+		return fmt.Errorf("throttle: pause %s for tenant %s: %w", quote.Name(key.TaskType), quote.Quote(key.Tenant), err)
 	}
 	return nil
 }
@@ -269,7 +270,7 @@ func (l *Limiter) Resume(ctx context.Context, key Key, scope Scope) (bool, error
 	}
 	n, err := lua.SlidingWindow.Run(ctx, l.run, []string{redisKey(l.prefix, key, scope)}, "u").Int64()
 	if err != nil {
-		return false, fmt.Errorf("throttle: resume %s for tenant %q: %w", key.TaskType, key.Tenant, err)
+		return false, fmt.Errorf("throttle: resume %s for tenant %s: %w", quote.Name(key.TaskType), quote.Quote(key.Tenant), err)
 	}
 	return n == 1, nil
 }
@@ -286,7 +287,7 @@ func (l *Limiter) PausedUntil(ctx context.Context, key Key, scope Scope) (time.T
 		return time.Time{}, false, nil
 	}
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("throttle: pause of %s for tenant %q: %w", key.TaskType, key.Tenant, err)
+		return time.Time{}, false, fmt.Errorf("throttle: pause of %s for tenant %s: %w", quote.Name(key.TaskType), quote.Quote(key.Tenant), err)
 	}
 	return time.UnixMilli(int64(s) + 1<<51), true, nil
 }
@@ -313,7 +314,7 @@ func (l *Limiter) Reservations(ctx context.Context, taskType string, fn func(Res
 	for {
 		kv, next, err := l.rdb.HScan(ctx, key, cursor, "*", 200).Result()
 		if err != nil {
-			return fmt.Errorf("throttle: list reservations of %s: %w", taskType, err)
+			return fmt.Errorf("throttle: list reservations of %s: %w", quote.Name(taskType), err)
 		}
 		for i := 0; i+1 < len(kv); i += 2 {
 			r, ok := parseLease(taskType, kv[i], kv[i+1])
@@ -362,8 +363,8 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverCl
 		return Decision{}, err
 	}
 	if !serverClock && (nowMS < 0 || nowMS >= maxMS) {
-		return Decision{}, fmt.Errorf("%w: %s for tenant %q: instant %s is outside 1970-2109", ErrInvalid,
-			req.Key.TaskType, req.Key.Tenant, time.UnixMilli(nowMS).UTC().Format(time.RFC3339Nano))
+		return Decision{}, fmt.Errorf("%w: %s for tenant %s: instant %s is outside 1970-2109", ErrInvalid,
+			quote.Name(req.Key.TaskType), quote.Quote(req.Key.Tenant), time.UnixMilli(nowMS).UTC().Format(time.RFC3339Nano))
 	}
 	member, fresh := req.Member, req.Fresh
 	if member == "" {
@@ -411,14 +412,14 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverCl
 	args[0], args[1], args[2], args[3], args[4] = now, member, sentinel, max(maxSkew.Milliseconds(), 0), extra
 	r, err := lua.SlidingWindow.Run(ctx, l.run, keys, args...).Int64Slice()
 	if err != nil {
-		return Decision{}, fmt.Errorf("throttle: allow %s for tenant %q: %w", req.Key.TaskType, req.Key.Tenant, err)
+		return Decision{}, fmt.Errorf("throttle: allow %s for tenant %s: %w", quote.Name(req.Key.TaskType), quote.Quote(req.Key.Tenant), err)
 	}
 	binding := int64(1)
 	if len(r) > 4 {
 		binding = r[4]
 	}
 	if len(r) < 4 || binding < 1 || int(binding) > len(req.Quotas) {
-		return Decision{}, fmt.Errorf("throttle: allow %s for tenant %q: malformed script reply %v", req.Key.TaskType, req.Key.Tenant, r)
+		return Decision{}, fmt.Errorf("throttle: allow %s for tenant %s: malformed script reply %v", quote.Name(req.Key.TaskType), quote.Quote(req.Key.Tenant), r)
 	}
 	code, quota := r[0], req.Quotas[binding-1]
 	serverMS := int64(0)
@@ -459,10 +460,13 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverCl
 // validate checks req before any Redis call and returns its cost.
 func validate(req Request) (int, error) {
 	invalid := func(format string, a ...any) error {
-		return fmt.Errorf("%w: %s for tenant %q: %s", ErrInvalid, req.Key.TaskType, req.Key.Tenant, fmt.Sprintf(format, a...))
+		return fmt.Errorf("%w: %s for tenant %s: %s", ErrInvalid, quote.Name(req.Key.TaskType), quote.Quote(req.Key.Tenant), fmt.Sprintf(format, a...))
 	}
 	if req.Key.TaskType == "" {
 		return 0, invalid("empty task type")
+	}
+	if len(req.Key.Tenant) > MaxTenantBytes {
+		return 0, invalid("tenant of %d bytes, more than MaxTenantBytes (%d)", len(req.Key.Tenant), MaxTenantBytes)
 	}
 	if len(req.Quotas) == 0 {
 		return 0, invalid("no quota")
@@ -475,7 +479,7 @@ func validate(req Request) (int, error) {
 		return 0, invalid("cost %d is less than 1", cost)
 	}
 	if len(req.Member) > 200 || req.Member != "" && strings.ContainsAny(req.Member[:1], "@*~#!") {
-		return 0, invalid("member %q: at most 200 bytes, not starting with '@', '*', '~', '#' or '!'", req.Member)
+		return 0, invalid("member %s: at most 200 bytes, not starting with '@', '*', '~', '#' or '!'", quote.Quote(req.Member))
 	}
 	if req.Weight < 0 || req.Weight > MaxWeight {
 		return 0, invalid("weight %d is outside [1, %d]", req.Weight, MaxWeight)

@@ -458,6 +458,7 @@ func TestLimiter_AllowAt_invalid(t *testing.T) {
 		{name: "CostOverLimit", req: throttle.Request{Key: key, Quotas: one, Cost: 6}, costOver: true},
 		{name: "CostOverSmallerQuota", req: throttle.Request{Key: key, Quotas: []throttle.Quota{typeQuota(100, time.Minute), tenantQuota(2, time.Second)}, Cost: 3}, costOver: true},
 		{name: "EmptyTaskType", req: throttle.Request{Key: throttle.Key{Tenant: "acme"}, Quotas: one}},
+		{name: "TenantTooLong", req: throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: strings.Repeat("t", throttle.MaxTenantBytes+1)}, Quotas: one}},
 		{name: "NoQuotas", req: throttle.Request{Key: key}},
 		{name: "EmptyQuotas", req: throttle.Request{Key: key, Quotas: []throttle.Quota{}}},
 		{name: "ScopeZero", req: throttle.Request{Key: key, Quotas: []throttle.Quota{{Limit: good.Limit}}}},
@@ -555,9 +556,13 @@ func TestLimiter_AllowAt_invalid(t *testing.T) {
 			if d, err := l.AllowAt(context.Background(), throttle.Request{Key: key, Quotas: one}, ms(0)); err != nil {
 				t.Errorf("valid request at the epoch: %+v, %v", d, err)
 			}
+			longest := throttle.Key{TaskType: "api:call", Tenant: strings.Repeat("t", throttle.MaxTenantBytes)}
+			if d, err := l.AllowAt(context.Background(), throttle.Request{Key: longest, Quotas: one}, ms(1000)); err != nil || !d.Allowed {
+				t.Errorf("valid request for a tenant of MaxTenantBytes: %+v, %v; want admitted", d, err)
+			}
 		})
-		if n < 2 {
-			t.Errorf("the server processed %d commands for two valid requests, want at least 2", n)
+		if n < 3 {
+			t.Errorf("the server processed %d commands for three valid requests, want at least 3", n)
 		}
 	})
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 )
 
 // TryLock takes the lock name of taskType for ttl and reports whether it did: false while
@@ -18,8 +20,8 @@ import (
 // empty task type or name or a ttl under 1ms; else Redis's.
 func (l *Limiter) TryLock(ctx context.Context, taskType, name string, ttl time.Duration) (bool, error) {
 	if taskType == "" || name == "" || ttl < time.Millisecond {
-		return false, fmt.Errorf("%w: lock %q of %q: needs a task type, a name and a ttl of at least 1ms, got %s",
-			ErrInvalid, name, taskType, ttl)
+		return false, fmt.Errorf("%w: lock %q of %s: needs a task type, a name and a ttl of at least 1ms, got %s",
+			ErrInvalid, name, quote.Quote(taskType), ttl)
 	}
 	key := keyBase(l.prefix, taskType) + "lock:" + name
 	err := l.rdb.Do(ctx, "SET", key, "1", "NX", "PX", ttl.Milliseconds()).Err()
@@ -27,7 +29,7 @@ func (l *Limiter) TryLock(ctx context.Context, taskType, name string, ttl time.D
 	case errors.Is(err, redis.Nil):
 		return false, nil
 	case err != nil:
-		return false, fmt.Errorf("throttle: lock %q of %s: %w", name, taskType, err)
+		return false, fmt.Errorf("throttle: lock %q of %s: %w", name, quote.Name(taskType), err)
 	}
 	return true, nil
 }

@@ -13,10 +13,11 @@ import (
 )
 
 // A reference model of the limiter, written from the contract in lua/sliding_window.lua's
-// header and DESIGN.md section 3b, not from the script's code: every window log, pending
-// set, cost set, lease and fair tag is a plain Go value, every count is a plain sum of
-// costs over a slice (no running sums), and the rule "an event fits at t iff every window
-// containing t holds at most limit - cost" is a loop over windows. The stated bounds
+// header and README.md's "How it works" (the rule, reservations, fairness), not from the
+// script's code: every window log, pending set, cost set, lease and fair tag is a plain
+// Go value, every count is a plain sum of costs over a slice (no running sums), and the
+// rule "an event fits at t iff every window containing t holds at most limit - cost" is a
+// loop over windows. The stated bounds
 // (K_SCAN entries read by an exact check, K_CAND instants tried, K_ITER rounds, K_LAPSE
 // lapses removed per call, K_RENUM running sums rewritten) are the contract's too, so the
 // model applies them where the contract says. TestLimiter_AllowAt_matchesModel drives the

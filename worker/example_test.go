@@ -41,7 +41,8 @@ func Example() {
 
 	// WrapConfig: a throttled task is not a failure, spends no retry, comes back on time.
 	srv := asynq.NewServerFromRedisClient(rdb, worker.WrapConfig(asynq.Config{Concurrency: 20}))
-	// Run blocks until SIGINT or SIGTERM, then waits for the running tasks.
+	// Run blocks until SIGINT or SIGTERM, then waits for the running tasks up to
+	// ShutdownTimeout (asynq's default: 8s) and puts those still running back in their queue.
 	if err := srv.Run(mux); err != nil {
 		log.Fatal(err)
 	}

@@ -131,8 +131,9 @@ type Metrics struct {
 	// it at 0. asynq_throttle_pauses_active.
 	PausesActive prometheus.Gauge
 	// OverrideReloads counts the reloads of runtime overrides and tiers, by result
-	// (ReloadOK, ReloadError). It is a hook: the code that reloads overrides increments
-	// it; NewMetrics starts both results at 0. asynq_throttle_override_reloads_total.
+	// (ReloadOK, ReloadError). It is a hook: increment it from Config.OverrideReloadFunc,
+	// as cmd/worker does; NewMetrics starts both results at 0.
+	// asynq_throttle_override_reloads_total.
 	OverrideReloads *prometheus.CounterVec
 	// EvictionPolicyUnsafe is 1 once a check at start (New, CheckEvictionPolicy) found a
 	// Redis whose maxmemory-policy is not NoEviction, so that a full Redis may evict the
@@ -232,8 +233,10 @@ func NewMetricsWithConfig(reg prometheus.Registerer, cfg MetricsConfig) (*Metric
 			[]string{"task_type"}, nil),
 		errors: m.RedisErrors,
 	}
+	// m.RedisErrors is registered through m.reservations, which collects it after its own
+	// listing: a scrape whose listing fails reports that failure in the same scrape.
 	collectors := []prometheus.Collector{m.Decisions, m.SkewFallbacks, m.ClockSkew, m.ThrottleDelay,
-		m.ScriptDuration, m.TasksWaiting, m.RedisErrors, m.PausesActive, m.OverrideReloads, m.EvictionPolicyUnsafe, m.reservations}
+		m.ScriptDuration, m.TasksWaiting, m.PausesActive, m.OverrideReloads, m.EvictionPolicyUnsafe, m.reservations}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			for _, done := range collectors[:i] { // all or nothing, so that a retry can work
@@ -398,7 +401,10 @@ func tenantLabelValue(tenant string) string {
 }
 
 // reservationsGauge is the collector of asynq_throttle_reservations_held: at each
-// scrape it counts the reservations of every (limiter, task type) it watches.
+// scrape it counts the reservations of every (limiter, task type) it watches. It also
+// collects asynq_throttle_redis_errors_total (errors), after the listing, so that a
+// scrape counts its own failed listings: registered apart, the counter could be collected
+// (in a goroutine of its own) before the listing failed, and lag a scrape behind.
 type reservationsGauge struct {
 	desc   *prometheus.Desc
 	errors *prometheus.CounterVec // Metrics.RedisErrors
@@ -427,11 +433,15 @@ func (g *reservationsGauge) watch(lim *throttle.Limiter, taskTypes []string) {
 	}
 }
 
-// Describe implements prometheus.Collector.
-func (g *reservationsGauge) Describe(ch chan<- *prometheus.Desc) { ch <- g.desc }
+// Describe implements prometheus.Collector: the gauge's and the Redis errors' descriptions.
+func (g *reservationsGauge) Describe(ch chan<- *prometheus.Desc) {
+	ch <- g.desc
+	g.errors.Describe(ch)
+}
 
 // Collect implements prometheus.Collector: one gauge per task type, the sum over the
-// limiters that throttle it; a task type whose listing failed is left out.
+// limiters that throttle it; a task type whose listing failed is left out, and counted
+// in the Redis errors, which it then collects.
 func (g *reservationsGauge) Collect(ch chan<- prometheus.Metric) {
 	g.mu.Lock()
 	sources := append([]reservationSource(nil), g.sources...)
@@ -449,6 +459,7 @@ func (g *reservationsGauge) Collect(ch chan<- prometheus.Metric) {
 		}
 		held[s.taskType] += n
 	}
+	g.errors.Collect(ch) // with this scrape's failures
 	types := make([]string, 0, len(held))
 	for tt := range held {
 		if !failed[tt] {

@@ -25,6 +25,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/producer"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
@@ -327,7 +328,7 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 	case err != nil && m.failOpen:
 		m.metrics.count(key, OutcomeFailedOpen)
 		m.log.Warn("throttle: limiter unavailable, running task unthrottled (FailOpen)",
-			"task_type", key.TaskType, "tenant", key.Tenant, "err", err)
+			"task_type", quote.Cut(key.TaskType), "tenant", quote.Cut(key.Tenant), "err", err)
 		return next.ProcessTask(ctx, task)
 	case err != nil:
 		m.metrics.count(key, OutcomeUnavailable)
@@ -488,12 +489,12 @@ func (m *middleware) giveUp(ctx context.Context, task *asynq.Task, next asynq.Ha
 	}
 	if err != nil {
 		m.log.Warn("throttle: could not cancel the reservation of an overdue task; its slot stays held for a window",
-			"task_type", req.Key.TaskType, "tenant", req.Key.Tenant, "err", err)
+			"task_type", quote.Cut(req.Key.TaskType), "tenant", quote.Cut(req.Key.Tenant), "err", err)
 	}
 	m.metrics.count(req.Key, OutcomeOverdue)
 	id, _ := asynq.GetTaskID(ctx)
-	m.log.Warn("throttle: task overdue: "+reason, "task_id", id, "task_type", req.Key.TaskType,
-		"tenant", req.Key.Tenant, "rule", rule.String(), "overdue", rule.Overdue.String())
+	m.log.Warn("throttle: task overdue: "+reason, "task_id", id, "task_type", quote.Cut(req.Key.TaskType),
+		"tenant", quote.Cut(req.Key.Tenant), "rule", rule.String(), "overdue", rule.Overdue.String())
 	err = fmt.Errorf("worker: rule %q: task %s %s", rule.String(), id, reason)
 	switch rule.Overdue {
 	case OverdueRun:
@@ -563,7 +564,7 @@ func (m *middleware) reject(ctx context.Context, key throttle.Key, rule Rule, er
 	m.metrics.count(key, OutcomeRejected)
 	id, _ := asynq.GetTaskID(ctx)
 	m.log.Error("throttle: task can never run under its rule; archiving it",
-		"task_id", id, "task_type", key.TaskType, "tenant", key.Tenant, "rule", rule.String(), "err", err)
+		"task_id", id, "task_type", quote.Cut(key.TaskType), "tenant", quote.Cut(key.Tenant), "rule", rule.String(), "err", err)
 	if errors.Is(err, ErrBadCost) { // already "worker: bad task cost: ..."
 		return fmt.Errorf("%w (rule %q): %w", err, rule.String(), asynq.SkipRetry)
 	}
@@ -582,7 +583,7 @@ func (m *middleware) checkSkew(key throttle.Key, d throttle.Decision) {
 	if d.SkewFallback {
 		m.skewLog.Do(func() {
 			m.log.Warn("throttle: this worker's clock is off from the Redis server's (or Redis ran the call late); deciding by the server's TIME",
-				"skew", d.Skew(), "task_type", key.TaskType)
+				"skew", d.Skew(), "task_type", quote.Cut(key.TaskType))
 		})
 	}
 }

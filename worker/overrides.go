@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -73,12 +74,12 @@ func (o *Overrides) Validate() error {
 	}
 	for tenant, entries := range o.Tenants {
 		if err := validEntries(entries); err != nil {
-			return fmt.Errorf("worker: tenant %q: %w", tenant, err)
+			return fmt.Errorf("worker: tenant %s: %w", quote.Quote(tenant), err)
 		}
 	}
 	for tenant, tier := range o.TenantTiers {
 		if _, ok := o.Tiers[tier]; !ok {
-			return fmt.Errorf("worker: tenant %q is assigned to tier %q, which does not exist", tenant, tier)
+			return fmt.Errorf("worker: tenant %s is assigned to tier %s, which does not exist", quote.Quote(tenant), quote.Quote(tier))
 		}
 	}
 	return nil

@@ -182,6 +182,10 @@ func TestOverrideStore(t *testing.T) {
 	if _, err := worker.NewOverrideStore(rdb, "a{b}"); err == nil {
 		t.Error("NewOverrideStore accepted prefix a{b}")
 	}
+	wantErr := `worker: NewOverrideStore: producer: prefix "throttle:enqueue": its last ':'-separated segment is "enqueue", which enqueue quotas put after the workers' prefix ("<prefix>:enqueue:{<task type>}:..."): a worker's keys under it would be enqueue quotas' keys; choose another`
+	if _, err := worker.NewOverrideStore(rdb, "throttle:enqueue"); err == nil || err.Error() != wantErr {
+		t.Errorf("NewOverrideStore(throttle:enqueue) = %v\nwant %s", err, wantErr)
+	}
 	o, err := s.Load(ctx)
 	if err != nil || o.Version != 0 || len(o.Types)+len(o.Tiers)+len(o.Tenants)+len(o.TenantTiers) != 0 {
 		t.Fatalf("Load of nothing = %+v, %v; want empty at version 0", o, err)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
+	"github.com/asynq-throttle/asynq-throttle/producer"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -80,13 +82,18 @@ type OverrideStore struct {
 
 // NewOverrideStore returns the store of the overrides in rdb under OverridesKey(prefix),
 // prefix being the Limiter's (throttle.Config.Prefix, THROTTLE_PREFIX). It returns an
-// error if rdb is nil or prefix contains '{' or '}' (as throttle.New does).
+// error if rdb is nil, prefix contains '{' or '}' (as throttle.New does), or prefix
+// cannot be a workers' prefix because its keys would be enqueue quotas'
+// (producer.CheckPrefix).
 func NewOverrideStore(rdb redis.UniversalClient, prefix string) (*OverrideStore, error) {
 	if rdb == nil {
 		return nil, errors.New("worker: NewOverrideStore: nil Redis client")
 	}
 	if strings.ContainsAny(prefix, "{}") {
 		return nil, fmt.Errorf("worker: NewOverrideStore: prefix %q must not contain '{' or '}'", prefix)
+	}
+	if err := producer.CheckPrefix(prefix); err != nil {
+		return nil, fmt.Errorf("worker: NewOverrideStore: %w", err)
 	}
 	return &OverrideStore{rdb: rdb, key: OverridesKey(prefix)}, nil
 }
@@ -248,7 +255,7 @@ func Canonical(kind OverrideKind, name, text string) (string, error) {
 		return "", fmt.Errorf("%w: unknown kind %q; want type, tier, tenant or tenant-tier", ErrInvalidOverride, kind)
 	}
 	if err := o.add(kind, name, text); err != nil {
-		return "", fmt.Errorf("%w: %s %q: %s", ErrInvalidOverride, kind, name, strings.TrimPrefix(err.Error(), "worker: "))
+		return "", fmt.Errorf("%w: %s %s: %s", ErrInvalidOverride, kind, quote.Quote(name), strings.TrimPrefix(err.Error(), "worker: "))
 	}
 	switch kind {
 	case OverrideType:
@@ -281,8 +288,8 @@ func (s *OverrideStore) Set(ctx context.Context, kind OverrideKind, name, text s
 				return err
 			}
 			if !ok {
-				return fmt.Errorf("%w: tenant %q cannot be assigned to tier %q, which does not exist; store the tier first",
-					ErrTierNotFound, name, canon)
+				return fmt.Errorf("%w: tenant %s cannot be assigned to tier %s, which does not exist; store the tier first",
+					ErrTierNotFound, quote.Quote(name), quote.Quote(canon))
 			}
 			return nil
 		}
@@ -309,7 +316,7 @@ func (s *OverrideStore) Delete(ctx context.Context, kind OverrideKind, name stri
 			return err
 		}
 		if !ok {
-			return fmt.Errorf("%w: no %s override %q is stored", ErrOverrideNotFound, kind, name)
+			return fmt.Errorf("%w: no %s override %s is stored", ErrOverrideNotFound, kind, quote.Quote(name))
 		}
 		if kind != OverrideTier {
 			return nil
@@ -321,7 +328,7 @@ func (s *OverrideStore) Delete(ctx context.Context, kind OverrideKind, name stri
 		var users []string
 		for f, v := range fields {
 			if t, ok := strings.CutPrefix(f, string(OverrideTenantTier)+":"); ok && v == name {
-				users = append(users, strconv.Quote(t))
+				users = append(users, quote.Quote(t))
 			}
 		}
 		if len(users) > 0 {

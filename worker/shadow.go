@@ -9,6 +9,7 @@ import (
 	"github.com/hibiken/asynq"
 	"golang.org/x/time/rate"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -42,7 +43,7 @@ func (m *middleware) shadow(ctx context.Context, task *asynq.Task, next asynq.Ha
 		m.metrics.count(key, OutcomeFailedOpen)
 		m.shadowLog.unavailable.Do(func() {
 			m.log.Warn("throttle: limiter unavailable; running tasks of a shadow rule undecided (logged at most once a minute)",
-				"task_type", key.TaskType, "tenant", key.Tenant, "rule", rule.String(), "err", err)
+				"task_type", quote.Cut(key.TaskType), "tenant", quote.Cut(key.Tenant), "rule", rule.String(), "err", err)
 		})
 		return next.ProcessTask(ctx, task)
 	}
@@ -67,7 +68,7 @@ func (m *middleware) wouldThrottle(ctx context.Context, key throttle.Key, rule R
 		return
 	}
 	id, _ := asynq.GetTaskID(ctx)
-	args := []any{"task_id", id, "task_type", key.TaskType, "tenant", key.Tenant, "rule", rule.String(), "not_logged_since_last", skipped}
+	args := []any{"task_id", id, "task_type", quote.Cut(key.TaskType), "tenant", quote.Cut(key.Tenant), "rule", rule.String(), "not_logged_since_last", skipped}
 	if d != nil {
 		args = append(args, "quota", d.Quota.String(), "retry_after", d.RetryAfter)
 	}

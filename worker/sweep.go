@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -184,7 +185,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (int, error) {
 	for _, tt := range all { // all locks first: their instants then depend on no sweep's length
 		ok, err := s.lim.TryLock(ctx, tt, sweepLock, s.lockTTL)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("worker: sweep %s: %w", tt, err))
+			errs = append(errs, fmt.Errorf("worker: sweep %s: %w", quote.Name(tt), err))
 		} else if ok {
 			types = append(types, tt)
 		}
@@ -247,7 +248,7 @@ func (s *Sweeper) sweepType(ctx context.Context, taskType string, now time.Time,
 		err = ctx.Err()
 	}
 	if err != nil {
-		return fmt.Errorf("worker: sweep %s: %w", taskType, err)
+		return fmt.Errorf("worker: sweep %s: %w", quote.Name(taskType), err)
 	}
 	return nil
 }
@@ -284,7 +285,7 @@ func (s *Sweeper) settle(ctx context.Context, r throttle.Reservation, queue, id 
 	case held: // else claimed or lapsed meanwhile
 		tally.released++
 		s.log.Debug("throttle: released the reservation of a task asynq no longer holds",
-			"task_type", r.Key.TaskType, "token", r.Token, "tenant", r.Key.Tenant, "queue", queue, "task_id", id)
+			"task_type", quote.Cut(r.Key.TaskType), "token", r.Token, "tenant", quote.Cut(r.Key.Tenant), "queue", queue, "task_id", id)
 	}
 }
 

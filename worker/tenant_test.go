@@ -1,13 +1,19 @@
 package worker_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"log/slog"
+	"reflect"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/producer"
@@ -149,5 +155,54 @@ func TestCustomTenantHeader(t *testing.T) {
 		if n := len(logEntries(t, rdb, lim.RedisKey(throttle.Key{TaskType: "c:call", Tenant: tenant}, throttle.ScopeTenant))); n != want {
 			t.Errorf("bucket %q holds %d, want %d", tenant, n, want)
 		}
+	}
+}
+
+// TestTenantTooLong: a task whose tenant is longer than throttle.MaxTenantBytes (here
+// 1 MB) can never be decided: the middleware rejects it (asynq.SkipRetry: archived, not
+// retried), counts it as rejected, and its error and its one log line show the tenant
+// cut to its first 64 bytes, with its length: neither holds the megabyte.
+func TestTenantTooLong(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Start(t)
+	reg := prometheus.NewRegistry()
+	metrics, err := worker.NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey {
+			return slog.Attr{}
+		}
+		return a
+	}}))
+	mw, err := worker.New(newLimiter(t, rdb), worker.Config{Rules: mustRules(t, "t:call tenant=5/1s"), Redis: rdb,
+		Metrics: metrics, Logger: logger, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := 0
+	h := mw(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { ran++; return nil }))
+	tenant := strings.Repeat("x", 1<<20)
+	err = h.ProcessTask(context.Background(), producer.NewTask("t:call", nil, tenant))
+
+	x64 := strings.Repeat("x", 64)
+	want := `worker: rule "t:call tenant=5/1s": throttle: invalid request: t:call for tenant "` + x64 +
+		`"...(1048576 bytes): tenant of 1048576 bytes, more than MaxTenantBytes (1024): skip retry for the task`
+	if err == nil || err.Error() != want || !errors.Is(err, asynq.SkipRetry) || !errors.Is(err, throttle.ErrInvalid) {
+		t.Errorf("err = %v\nwant %s (asynq.SkipRetry, throttle.ErrInvalid)", err, want)
+	}
+	if ran != 0 {
+		t.Errorf("handler ran %d times, want 0", ran)
+	}
+	wantLog := `level=ERROR msg="throttle: task can never run under its rule; archiving it" task_id="" task_type=t:call tenant="` +
+		x64 + `...(1048576 bytes)" rule="t:call tenant=5/1s" err="throttle: invalid request: t:call for tenant \"` + x64 +
+		`\"...(1048576 bytes): tenant of 1048576 bytes, more than MaxTenantBytes (1024)"` + "\n"
+	if logs.String() != wantLog {
+		t.Errorf("log (%d bytes):\n%.600s\nwant\n%s", logs.Len(), logs.String(), wantLog)
+	}
+	if got, want := outcomes(t, metrics, "t:call"), wantOutcomes(map[string]float64{worker.OutcomeRejected: 1}); !reflect.DeepEqual(got, want) {
+		t.Errorf("outcomes: %s, want %s", fmtOutcomes(got), fmtOutcomes(want))
 	}
 }

@@ -14,8 +14,9 @@
 // reads, as the worker does:
 //
 //	THROTTLE_TENANT_HEADER  the task header that names the tenant (default "tenant")
-//	THROTTLE_PREFIX         the limiter's key prefix (default "throttle"); enqueue quotas
-//	                        live under "<prefix>:enqueue:"
+//	THROTTLE_PREFIX         the workers' key prefix (default "throttle"); enqueue quotas
+//	                        live under "<prefix>:enqueue:", so its last ':'-separated
+//	                        segment must not be "enqueue" (producer.CheckPrefix)
 //	ENQUEUE_QUOTA           if set, enqueue quotas for -type, e.g. "tenant=10000/24h"
 //	                        (producer.ParseQuotas): a task past them is refused, not
 //	                        enqueued, and the run goes on with the next
@@ -29,13 +30,13 @@
 //	  "initech": 20 enqueued
 //
 // Tenants with refused tasks come first, then the others, each in -tenants order. Tenant
-// strings are quoted (strconv.Quote) and cut to their first maxTenantBytes (64) bytes
-// ("...(N bytes)" follows a cut one), and a report shows at most maxTenantLines (20)
+// strings are quoted (strconv.Quote) and cut to their first 64 bytes (quote.Quote;
+// "...(N bytes)" follows a cut one), and a report shows at most maxTenantLines (20)
 // tenants, then "... and N more tenants".
 //
 // Exit status: 0 when every task was enqueued; 1 when an enqueue failed (it stops at the
 // first failure, prints it on stderr and the report on stdout); 2 for bad flags or
-// environment; 3 when ENQUEUE_QUOTA refused some tasks and every other was enqueued.
+// environment (a REDIS_DB the Redis does not have included); 3 when ENQUEUE_QUOTA refused some tasks and every other was enqueued.
 package main
 
 import (
@@ -48,7 +49,6 @@ import (
 	"iter"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -57,6 +57,7 @@ import (
 	"github.com/kelseyhightower/envconfig"
 	"github.com/schollz/progressbar/v3"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
 	"github.com/asynq-throttle/asynq-throttle/producer"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
@@ -106,6 +107,15 @@ func runAt(ctx context.Context, args []string, stdout, stderr io.Writer, now fun
 	}
 	rdb := renv.NewClient()
 	defer rdb.Close()
+	// A REDIS_DB the server does not have fails every command: report it as the bad
+	// variable it is. Other failures (Redis down) show at the first enqueue.
+	pingCtx, cancel := context.WithTimeout(ctx, redisPingTimeout)
+	err = renv.Ping(pingCtx, rdb)
+	cancel()
+	if errors.Is(err, redisenv.ErrNoSuchDB) {
+		fmt.Fprintf(stderr, "enqueue: %v\n", err)
+		return exitUsage
+	}
 	ecfg := producer.EnqueuerConfig{TenantHeader: env.TenantHeader, Prefix: env.Prefix, Redis: rdb, NowFunc: now}
 	if len(env.Quota) > 0 {
 		ecfg.Quotas = map[string][]throttle.Quota{cfg.taskType: env.Quota}
@@ -146,6 +156,9 @@ func runAt(ctx context.Context, args []string, stdout, stderr io.Writer, now fun
 	return exitOK
 }
 
+// redisPingTimeout bounds the PING that checks REDIS_DB before the first enqueue.
+const redisPingTimeout = 5 * time.Second
+
 // env is what the command reads from the environment besides the REDIS_* variables,
 // under the names cmd/worker reads them.
 type env struct {
@@ -167,6 +180,9 @@ func loadEnv() (env, error) {
 		return env{}, errors.New(`THROTTLE_PREFIX="": must not be empty`)
 	case strings.ContainsAny(e.Prefix, "{}"):
 		return env{}, fmt.Errorf("THROTTLE_PREFIX=%q: must not contain '{' or '}': they would move the Redis Cluster hash tag", e.Prefix)
+	}
+	if err := producer.CheckPrefix(e.Prefix); err != nil { // it names the workers' prefix
+		return env{}, fmt.Errorf("THROTTLE_PREFIX=%q: %w", e.Prefix, err)
 	}
 	return e, nil
 }
@@ -255,7 +271,7 @@ func parseFlags(args []string) (config, error) {
 	}
 	var err error
 	if c.tenants, err = splitTenants(tenants); err != nil {
-		return config{}, fmt.Errorf("-tenants %q: %w", tenants, err)
+		return config{}, fmt.Errorf("-tenants %s: %w", quote.Quote(tenants), err)
 	}
 	if c.perTenant < 1 {
 		return config{}, fmt.Errorf("-n %d: must be at least 1", c.perTenant)
@@ -292,7 +308,14 @@ func splitTenants(list string) ([]string, error) {
 			return nil, fmt.Errorf("tenant %d of %d is empty", i+1, len(tenants))
 		}
 		if seen[t] {
-			return nil, fmt.Errorf("tenant %q is listed twice", t)
+			return nil, fmt.Errorf("tenant %s is listed twice", quote.Quote(t))
+		}
+		// What producer.CheckTask would refuse for every task of the tenant.
+		if !utf8.ValidString(t) {
+			return nil, fmt.Errorf("tenant %d of %d, %s, is not valid UTF-8", i+1, len(tenants), quote.Quote(t))
+		}
+		if len(t) > throttle.MaxTenantBytes {
+			return nil, fmt.Errorf("tenant %d of %d is %d bytes, more than throttle.MaxTenantBytes (%d)", i+1, len(tenants), len(t), throttle.MaxTenantBytes)
 		}
 		seen[t] = true
 		tenants[i] = t
@@ -317,7 +340,8 @@ Environment:
   THROTTLE_TENANT_HEADER
         the task header that names the tenant (default %q)
   THROTTLE_PREFIX
-        the limiter's key prefix (default %q); enqueue quotas live under <prefix>:enqueue:
+        the workers' key prefix (default %q); enqueue quotas live under <prefix>:enqueue:,
+        so its last ':'-separated segment must not be "enqueue"
   ENQUEUE_QUOTA
         enqueue quotas for -type, e.g. "tenant=10000/24h" or "tenant=100/1m type=5000/1h":
         a task past them is refused and not enqueued (default: none)
@@ -418,11 +442,9 @@ func refusedTotal(tallies map[string]*tally) int {
 	return n
 }
 
-// Limits of the report's per-tenant lines.
-const (
-	maxTenantBytes = 64 // bytes of a tenant shown, cut at a UTF-8 boundary
-	maxTenantLines = 20 // tenant lines per report, then "... and N more tenants"
-)
+// maxTenantLines is the most tenant lines per report, then "... and N more tenants".
+// Each tenant is shown by quote.Quote: quoted, cut to its first 64 bytes.
+const maxTenantLines = 20
 
 // report is what is printed on stdout: a line of totals, then one line per tenant, those
 // with refused tasks first, each group in cfg.tenants order, at most maxTenantLines of
@@ -460,27 +482,13 @@ func report(cfg config, qs quotas, tallies map[string]*tally) []string {
 			break
 		}
 		t := tallies[tenant]
-		line := fmt.Sprintf("  %s: %d enqueued", showTenant(tenant), t.enqueued)
+		line := fmt.Sprintf("  %s: %d enqueued", quote.Quote(tenant), t.enqueued)
 		if t.first != nil {
 			line += fmt.Sprintf(", %d refused; the first, task %d, by %s: retry after %s", t.refused, t.firstSeq, t.first.Quota, t.first.RetryAfter)
 		}
 		lines = append(lines, line)
 	}
 	return lines
-}
-
-// showTenant quotes tenant for one line of output (strconv.Quote: no newline or control
-// byte gets through), cut to its first maxTenantBytes bytes, at a UTF-8 boundary, with
-// "...(N bytes)" after a cut one.
-func showTenant(tenant string) string {
-	if len(tenant) <= maxTenantBytes {
-		return strconv.Quote(tenant)
-	}
-	cut := maxTenantBytes
-	for cut > 0 && !utf8.RuneStart(tenant[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%s...(%d bytes)", strconv.Quote(tenant[:cut]), len(tenant))
 }
 
 func plural(n int, word string) string {

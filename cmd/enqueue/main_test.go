@@ -9,7 +9,6 @@ import (
 	"os"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -57,6 +56,9 @@ func TestParseFlags(t *testing.T) {
 		{name: "BlankTenant", args: []string{"-tenants", "acme, "}, wantErr: `-tenants "acme, ": tenant 2 of 2 is empty`},
 		{name: "NoTenants", args: []string{"-tenants", ""}, wantErr: `-tenants "": tenant 1 of 1 is empty`},
 		{name: "DuplicateTenant", args: []string{"-tenants", "acme,globex, acme"}, wantErr: `-tenants "acme,globex, acme": tenant "acme" is listed twice`},
+		{name: "TenantNotUTF8", args: []string{"-tenants", "acme,caf\xe9"}, wantErr: `-tenants "acme,caf\xe9": tenant 2 of 2, "caf\xe9", is not valid UTF-8`},
+		{name: "TenantTooLong", args: []string{"-tenants", strings.Repeat("t", 1025)},
+			wantErr: `-tenants "` + strings.Repeat("t", 64) + `"...(1025 bytes): tenant 1 of 1 is 1025 bytes, more than throttle.MaxTenantBytes (1024)`},
 		{name: "NZero", args: []string{"-n", "0"}, wantErr: `-n 0: must be at least 1`},
 		{name: "NNegative", args: []string{"-n", "-5"}, wantErr: `-n -5: must be at least 1`},
 		{name: "NNotANumber", args: []string{"-n", "many"}, wantErr: `invalid value "many" for flag -n: parse error`},
@@ -167,6 +169,25 @@ func TestReport(t *testing.T) {
 	}
 }
 
+// A report line shows a tenant quoted and cut to its first 64 bytes (internal/quote), so
+// that a 10 kB tenant, or one with a newline or a terminal escape, keeps the line whole.
+func TestReport_quotesAndCutsTenants(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("a", 10000)
+	cfg := config{taskType: "api:call", perTenant: 1, queue: "default",
+		tenants: []string{long, "evil\ntenant=acme", "caf\u00e9 \x1b[31m"}}
+	tallies := map[string]*tally{long: {enqueued: 1}, "evil\ntenant=acme": {enqueued: 1}, "caf\u00e9 \x1b[31m": {enqueued: 1}}
+	want := []string{
+		"enqueued 3 tasks of type api:call to queue default",
+		`  "` + strings.Repeat("a", 64) + `"...(10000 bytes): 1 enqueued`,
+		`  "evil\ntenant=acme": 1 enqueued`,
+		`  "café \x1b[31m": 1 enqueued`,
+	}
+	if got := report(cfg, nil, tallies); !slices.Equal(got, want) {
+		t.Errorf("report =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 // A report shows at most maxTenantLines tenants, and says how many it left out.
 func TestReport_capsTenantLines(t *testing.T) {
 	t.Parallel()
@@ -194,26 +215,6 @@ func TestReport_capsTenantLines(t *testing.T) {
 	}
 	if got := report(cfg, nil, tallies); got[len(got)-1] != "  ... and 1 more tenant" {
 		t.Errorf("last line = %q, want \"  ... and 1 more tenant\"", got[len(got)-1])
-	}
-}
-
-func TestShowTenant(t *testing.T) {
-	t.Parallel()
-	long := strings.Repeat("a", 10000)
-	tests := []struct{ in, want string }{
-		{"acme", `"acme"`},
-		{"", `""`},
-		{"evil\ntenant=acme ran=999", `"evil\ntenant=acme ran=999"`},
-		{"caf\u00e9 \x00\x1b[31m", `"café \x00\x1b[31m"`},
-		{strings.Repeat("b", maxTenantBytes), strconv.Quote(strings.Repeat("b", maxTenantBytes))},
-		{long, strconv.Quote(long[:maxTenantBytes]) + "...(10000 bytes)"},
-		// 63 ASCII bytes and a 2-byte rune across the limit: cut before the rune.
-		{strings.Repeat("c", 63) + "\u00e9" + "tail", strconv.Quote(strings.Repeat("c", 63)) + "...(69 bytes)"},
-	}
-	for _, tc := range tests {
-		if got := showTenant(tc.in); got != tc.want {
-			t.Errorf("showTenant(%.20q) = %s, want %s", tc.in, got, tc.want)
-		}
 	}
 }
 
@@ -379,6 +380,23 @@ func TestRun(t *testing.T) {
 	}
 }
 
+// TestRun_redisDBOutOfRange: REDIS_DB=99 on a Redis with 16 databases is a bad variable
+// (exit status 2), reported before any enqueue, naming REDIS_DB.
+func TestRun_redisDBOutOfRange(t *testing.T) {
+	srv := redistest.StartServer(t)
+	setRedisEnv(t, srv.Addr)
+	t.Setenv("REDIS_DB", "99")
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"-tenants", "acme", "-n", "2"}, &stdout, &stderr); code != exitUsage {
+		t.Errorf("exit %d, want 2", code)
+	}
+	want := `enqueue: redisenv: REDIS_DB="99": the Redis at REDIS_ADDR="` + srv.Addr + `" has no database 99 (ERR DB index is out of range); ` +
+		`it has databases 0 to N-1, N its "databases" setting (16 by default)` + "\n"
+	if stderr.String() != want || stdout.Len() != 0 {
+		t.Errorf("stderr %q\nwant   %q\nstdout %q, want none", stderr.String(), want, stdout.String())
+	}
+}
+
 func TestRun_redisDown(t *testing.T) {
 	srv := redistest.StartServer(t)
 	setRedisEnv(t, srv.Addr)
@@ -433,6 +451,10 @@ func TestRun_usageErrors(t *testing.T) {
 		{
 			name: "PrefixWithBrace", addr: "127.0.0.1:6379", env: map[string]string{"THROTTLE_PREFIX": "a{b"}, wantCode: exitUsage,
 			wantStderr: "enqueue: THROTTLE_PREFIX=\"a{b\": must not contain '{' or '}': they would move the Redis Cluster hash tag\n",
+		},
+		{
+			name: "PrefixEndsInEnqueue", addr: "127.0.0.1:6379", env: map[string]string{"THROTTLE_PREFIX": "throttle:enqueue"}, wantCode: exitUsage,
+			wantStderr: `enqueue: THROTTLE_PREFIX="throttle:enqueue": ` + "producer: prefix \"throttle:enqueue\": its last ':'-separated segment is \"enqueue\", which enqueue quotas put after the workers' prefix (\"<prefix>:enqueue:{<task type>}:...\"): a worker's keys under it would be enqueue quotas' keys; choose another\n",
 		},
 	}
 	for _, tc := range tests {

@@ -164,9 +164,13 @@ func parseFlags(args []string, stderr io.Writer) (scenario, error) {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: go run ./cmd/throttlebench [flags]\n\n"+
 			"Compares how denied asynq tasks come back under %s,\n"+
-			"on one scenario, each strategy with its own worker processes on a flushed Redis.\n\nFlags:\n",
+			"on one scenario, each strategy with its own worker processes on a flushed Redis,\n"+
+			"and prints a table: one column per strategy, one row per figure below.\n\nFlags:\n",
 			strings.Join(allStrategies, ", "))
 		fs.PrintDefaults()
+		// The rows, for the flags given so far (the defaults for a lone -h), as the
+		// table's own legend explains them.
+		_, _ = io.WriteString(fs.Output(), legend(s))
 	}
 	if err := fs.Parse(args); err != nil {
 		return scenario{}, err

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -118,5 +121,78 @@ func TestWriteTable(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestParseFlags_help: -h lists the flags and then explains the rows of the table, with
+// the legend the table ends with (for the default scenario).
+func TestParseFlags_help(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	if _, err := parseFlags([]string{"-h"}, &out); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("parseFlags(-h) = %v, want flag.ErrHelp", err)
+	}
+	defaults, err := parseFlags(nil, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := "Usage: go run ./cmd/throttlebench [flags]\n\nCompares how denied asynq tasks come back under reservations, naive, x/time/rate,\n" +
+		"on one scenario, each strategy with its own worker processes on a flushed Redis,\n" +
+		"and prints a table: one column per strategy, one row per figure below.\n\nFlags:\n"
+	if got := out.String(); !strings.HasPrefix(got, head) || !strings.HasSuffix(got, legend(defaults)) ||
+		!strings.Contains(got, "\n  -limit int\n    \ttasks admitted per tenant per -window (default 20)\n") {
+		t.Errorf("-h printed:\n%s\nwant %q, the flags, then the legend", got, head)
+	}
+}
+
+// TestLegend_explainsEveryRow: every row of the table has its term at the start of a
+// line of the legend; a sub-row (max, p99, lost, ...) is explained with its row. A row
+// added without either fails here.
+func TestLegend_explainsEveryRow(t *testing.T) {
+	t.Parallel()
+	sc, err := parseFlags(nil, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := map[string]string{
+		"utilization (mean over tenants)":         "utilization",
+		"max window / limit":                      "max window/limit",
+		"denials per completed task: mean":        "denials",
+		"repeat denials per completed task: mean": "denials",
+		"in-handler waits per completed task":     "in-handler waits",
+		"Redis commands per completed task":       "Redis commands",
+		"Redis CPU per completed task":            "Redis CPU",
+		"lateness p50":                            "lateness",
+		"lateness p99":                            "lateness",
+		"comeback after re-queue p50":             "comeback",
+		"fairness: min share / fair share":        "fairness",
+		"tasks enqueued":                          "tasks",
+		"wall time (top-up + drain)":              "wall time",
+	}
+	subRows := map[string]bool{"lowest tenant": true, "max": true, "tasks denied more than twice": true,
+		"round trips by the throttle": true, "round trips by asynq and the harness": true, "p99": true,
+		"max share / fair share": true, "completed": true, "completed more than once": true, "archived": true, "lost": true}
+	var b bytes.Buffer
+	if err := writeTable(&b, report{Scenario: sc, Results: map[string]result{}}); err != nil {
+		t.Fatal(err)
+	}
+	table, _, _ := strings.Cut(b.String(), "\nLegend")
+	_, table, _ = strings.Cut(table, "x/time/rate\n") // after the scenario and the strategies' header
+	leg := legend(sc)
+	seen := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(table), "\n") {
+		name := regexp.MustCompile(`\s{2,}`).Split(strings.TrimSpace(line), -1)[0]
+		switch {
+		case term[name] != "":
+			seen[name] = true
+			if !strings.Contains(leg, "\n  "+term[name]+"  ") {
+				t.Errorf("row %q: the legend has no line for %q:\n%s", name, term[name], leg)
+			}
+		case !subRows[name]:
+			t.Errorf("row %q is neither explained by the legend nor a known sub-row", name)
+		}
+	}
+	if len(seen) != len(term) {
+		t.Errorf("found %d of the %d rows in the table:\n%s", len(seen), len(term), table)
 	}
 }

@@ -164,6 +164,8 @@ Legend (a task is one (tenant, seq); every figure comes from the handlers' logs 
                      command a Lua script runs inside Redis. Round trips are the requests
                      the clients sent (go-redis hooks): the limiter's client in the
                      workers; asynq's clients in the workers plus the harness's producer.
+  Redis CPU          INFO used_cpu_user + used_cpu_sys over the strategy's run per
+                     completed task: asynq's work included, as for Redis commands.
   lateness           per tenant, the k-th admission (from 0) could come no earlier than
                      first + floor(k/%d) x %s; lateness is how much later it came. A
                      sliding-window log repeats the shape of its first window: a gap there
@@ -173,7 +175,10 @@ Legend (a task is one (tenant, seq); every figure comes from the handlers' logs 
                      early. Rounding up to the second depends on the run's phase.
   fairness           each tenant's share of admissions while all tenants were busy,
                      over the fair share 1/%d.
-  lost               enqueued - completed - archived (Inspector).
+  tasks              enqueued by the producer; completed (by the handlers' logs), more
+                     than once (a task run twice: should be 0), archived (Inspector);
+                     lost = enqueued - completed - archived.
+  wall time          from the start of the top-up to the end of the drain.
 `, sc.Limit.Events, sc.Limit.Window, 100*sc.Limit.Window.Seconds()/sc.Duration.Seconds(),
 		sc.Limit.Window, sc.Limit.Events, sc.Workers, sc.Workers, 2*sc.Workers,
 		sc.Limit.Events, sc.Limit.Window, sc.Forwarder, sc.Tenants)

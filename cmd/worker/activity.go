@@ -4,20 +4,18 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/hibiken/asynq"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
-	"github.com/asynq-throttle/asynq-throttle/worker"
 )
 
 // activity counts, per (task type, tenant), what happened since the last take: tasks
-// that ran (admitted by the limiter, or of a type no rule throttles), tasks throttled
-// (denied), and runs whose handler failed. It is safe for concurrent use.
+// that ran (whose handler started: admitted by the limiter, once any wait for a slot a
+// little ahead is over, or of a type no rule throttles), tasks throttled (denials), and
+// runs whose handler failed. It is safe for concurrent use.
 type activity struct {
 	mu     sync.Mutex
 	counts map[throttle.Key]*tally
@@ -37,29 +35,29 @@ func (a *activity) tally(key throttle.Key) *tally {
 	return t
 }
 
-// decided is the worker.Config.DecisionFunc: it counts an admission as a run and a
-// denial as throttled.
+// decided is the worker.Config.DecisionFunc: it counts a denial as throttled. An
+// admission is not a run yet: a task admitted for a slot a little ahead waits for it in
+// the middleware first (and may never start, if its context ends meanwhile); handler
+// counts it when it starts.
 func (a *activity) decided(_ context.Context, _ *asynq.Task, key throttle.Key, d throttle.Decision) {
+	if d.Allowed {
+		return
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	t := a.tally(key)
-	if d.Allowed {
-		t.ran++
-	} else {
-		t.throttled++
-	}
+	a.tally(key).throttled++
 }
 
-// handler wraps next, which runs inside the throttle middleware: it counts as runs the
-// tasks that no rule throttles (decided never sees them), and counts failed runs.
+// handler wraps next, which runs inside the throttle middleware, so it is called when the
+// task starts: after the middleware admitted it and it waited for its slot, or at once for
+// a task that no rule throttles, that a shadow rule runs, or that runs unthrottled
+// (FailOpen, overdue=run). It counts the run, and a failed one.
 func (a *activity) handler(tenantHeader string, next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 		key := throttle.Key{TaskType: task.Type(), Tenant: task.Headers()[tenantHeader]}
-		if _, throttled := worker.DecisionFrom(ctx); !throttled {
-			a.mu.Lock()
-			a.tally(key).ran++
-			a.mu.Unlock()
-		}
+		a.mu.Lock()
+		a.tally(key).ran++
+		a.mu.Unlock()
 		err := next.ProcessTask(ctx, task)
 		if err != nil {
 			a.mu.Lock()
@@ -70,20 +68,14 @@ func (a *activity) handler(tenantHeader string, next asynq.Handler) asynq.Handle
 	})
 }
 
-// maxLoggedBytes is the most bytes of a tenant or task type that a log line shows: a
-// longer one is cut, at a character boundary, and followed by "...(N bytes)", N its
-// length. Tenants are user data: a 10 kB tenant would otherwise make a 10 kB line.
-const maxLoggedBytes = 64
-
 // take returns the lines for the activity counted since the last take, and resets the
 // counts: one line per (task type, tenant), sorted by type then tenant,
 //
 //	api:call tenant="acme" ran=5 throttled=12
 //
-// with " failed=N" appended when a run failed. The tenant is always quoted
-// (strconv.Quote), the task type only if it needs it, both cut to maxLoggedBytes (see
-// logged). If more than maxLines pairs had
-// activity, only the maxLines busiest (most tasks ran, throttled and failed; ties by type
+// with " failed=N" appended when a run failed. The tenant is always quoted (quote.Quote),
+// the task type only if it needs it (quote.Name), both cut to quote.MaxBytes (64) with
+// "...(N bytes)" after a cut one. If more than maxLines pairs had activity, only the maxLines busiest (most tasks ran, throttled and failed; ties by type
 // then tenant) get a line, and one more line sums up the rest:
 //
 //	... and 4980 more (task type, tenant) pairs: ran=4980 throttled=9960
@@ -120,7 +112,7 @@ func (a *activity) take(maxLines int) []string {
 	sort.Slice(keys, func(i, j int) bool { return byName(keys[i], keys[j]) })
 	lines := make([]string, 0, len(keys)+1)
 	for _, k := range keys {
-		lines = append(lines, fmt.Sprintf("%s tenant=%s %s", logged(k.TaskType, false), logged(k.Tenant, true), counts[k]))
+		lines = append(lines, fmt.Sprintf("%s tenant=%s %s", quote.Name(k.TaskType), quote.Quote(k.Tenant), counts[k]))
 	}
 	if n := len(counts) - len(keys); n > 0 {
 		lines = append(lines, fmt.Sprintf("... and %d more (task type, tenant) pairs: %s", n, &rest))
@@ -138,27 +130,4 @@ func (t *tally) String() string {
 		s += fmt.Sprintf(" failed=%d", t.failed)
 	}
 	return s
-}
-
-// logged returns s for a log line: its first maxLoggedBytes bytes (cut at a character
-// boundary), quoted by strconv.Quote if quote is set or s needs it (empty, not UTF-8, or
-// with spaces, quotes or unprintable characters), followed by "...(N bytes)" if s was cut.
-func logged(s string, quote bool) string {
-	shown := s
-	if len(s) > maxLoggedBytes {
-		cut := maxLoggedBytes
-		for cut > maxLoggedBytes-utf8.UTFMax && !utf8.RuneStart(s[cut]) {
-			cut-- // a cut inside a valid character would show it as bytes
-		}
-		shown = s[:cut]
-	}
-	if quote || shown == "" || !utf8.ValidString(shown) || strings.ContainsFunc(shown, func(r rune) bool {
-		return r == '"' || r == ' ' || !strconv.IsPrint(r)
-	}) {
-		shown = strconv.Quote(shown)
-	}
-	if len(s) > maxLoggedBytes {
-		shown += fmt.Sprintf("...(%d bytes)", len(s))
-	}
-	return shown
 }

@@ -7,21 +7,37 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/hibiken/asynq"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/producer"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
+	"github.com/asynq-throttle/asynq-throttle/worker"
 )
+
+// runTask is one task of key through a's handler, as the middleware calls it when the
+// task starts.
+func runTask(a *activity, key throttle.Key) {
+	h := a.handler("tenant", asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil }))
+	_ = h.ProcessTask(context.Background(), asynq.NewTaskWithHeaders(key.TaskType, nil, map[string]string{"tenant": key.Tenant}))
+}
 
 func TestActivity_take(t *testing.T) {
 	t.Parallel()
 	a := newActivity()
 	ctx := context.Background()
-	decide := func(typ, tenant string, admitted, denied int) {
+	// decide admits ran tasks (decided, then started: their handlers run) and denies
+	// denied ones.
+	decide := func(typ, tenant string, ran, denied int) {
 		key := throttle.Key{TaskType: typ, Tenant: tenant}
-		for range admitted {
+		for range ran {
 			a.decided(ctx, nil, key, throttle.Decision{Allowed: true})
+			runTask(a, key)
 		}
 		for range denied {
 			a.decided(ctx, nil, key, throttle.Decision{Allowed: false})
@@ -31,11 +47,15 @@ func TestActivity_take(t *testing.T) {
 	decide("api:call", "acme", 5, 12)
 	decide("email:send", "", 1, 2)
 	decide("api:call", "two words", 0, 3)
+	decide("api:call", "z"+strings.Repeat("x", 10239), 0, 1) // cut to 64 bytes (internal/quote)
+	decide("bad type", "evil\ntenant=acme", 0, 1)            // quoted: the newline stays in the line
 
 	want := []string{
 		`api:call tenant="acme" ran=5 throttled=12`,
 		`api:call tenant="globex" ran=5 throttled=0`,
 		`api:call tenant="two words" ran=0 throttled=3`,
+		`api:call tenant="z` + strings.Repeat("x", 63) + `"...(10240 bytes) ran=0 throttled=1`,
+		`"bad type" tenant="evil\ntenant=acme" ran=0 throttled=1`,
 		`email:send tenant="" ran=1 throttled=2`,
 	}
 	if got := a.take(20); !reflect.DeepEqual(got, want) {
@@ -59,7 +79,7 @@ func TestActivity_takeCapped(t *testing.T) {
 	ctx := context.Background()
 	for i := range 5000 {
 		key := throttle.Key{TaskType: "api:call", Tenant: fmt.Sprintf("t%04d", i)}
-		a.decided(ctx, nil, key, throttle.Decision{Allowed: true})
+		runTask(a, key)
 		a.decided(ctx, nil, key, throttle.Decision{})
 		if i == 4000 || i == 17 || i == 2500 {
 			a.decided(ctx, nil, key, throttle.Decision{})
@@ -76,41 +96,11 @@ func TestActivity_takeCapped(t *testing.T) {
 	}
 	// Ties are broken by name: with all equal, the first in name order get the lines.
 	for _, tenant := range []string{"c", "a", "b"} {
-		a.decided(ctx, nil, throttle.Key{TaskType: "x", Tenant: tenant}, throttle.Decision{Allowed: true})
+		runTask(a, throttle.Key{TaskType: "x", Tenant: tenant})
 	}
 	want = []string{`x tenant="a" ran=1 throttled=0`, `... and 2 more (task type, tenant) pairs: ran=2 throttled=0`}
 	if got := a.take(1); !reflect.DeepEqual(got, want) {
 		t.Errorf("ties: got %q\nwant %q", got, want)
-	}
-}
-
-// TestLogged checks how tenants and task types are written into a log line: quoted, cut
-// to maxLoggedBytes at a character boundary, with the full length after a cut.
-func TestLogged(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		s     string
-		quote bool
-		want  string
-	}{
-		{"acme", true, `"acme"`},
-		{"api:call", false, `api:call`},
-		{"", false, `""`},
-		{"two words", false, `"two words"`},
-		{"line\nbreak", true, `"line\nbreak"`},
-		{"bad\xffbyte", false, `"bad\xffbyte"`},
-		{strings.Repeat("x", 64), true, `"` + strings.Repeat("x", 64) + `"`},
-		{strings.Repeat("x", 10240), true, `"` + strings.Repeat("x", 64) + `"...(10240 bytes)`},
-		{strings.Repeat("x", 65), false, strings.Repeat("x", 64) + `...(65 bytes)`},
-		// 'a' then 2-byte characters: byte 64 is inside the 32nd é, which is left out.
-		{"a" + strings.Repeat("é", 40), true, `"a` + strings.Repeat("é", 31) + `"...(81 bytes)`},
-		// a newline past the cut does not reach the line
-		{strings.Repeat("x", 64) + "\nINJECTED", false, strings.Repeat("x", 64) + `...(73 bytes)`},
-	}
-	for _, tc := range tests {
-		if got := logged(tc.s, tc.quote); got != tc.want {
-			t.Errorf("logged(%.30q, %t) = %s, want %s", tc.s, tc.quote, got, tc.want)
-		}
 	}
 }
 
@@ -152,5 +142,68 @@ func TestAsynqLogger_dropsRevokeWarnings(t *testing.T) {
 	if strings.Contains(out, "revoke") || !strings.Contains(out, "asynq: ") ||
 		!strings.Contains(out, "WARN: Retry exhausted for task id=4f1c\n") || !strings.Contains(out, "ERROR: boom\n") {
 		t.Errorf("logged:\n%s", out)
+	}
+}
+
+// TestActivity_ranCountsStarts runs 10 tasks of one tenant at once through the real
+// middleware, wired as run wires it, under "api:call tenant=5/1m" with a wait in the
+// handler of up to 2m: 5 are admitted and start, the other 5 are admitted for the slots
+// a window ahead and wait in the middleware. The interval's line says ran=5, not 10 (v1
+// counted admissions); when their contexts end before their slots, they never start and
+// the next interval counts nothing.
+func TestActivity_ranCountsStarts(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Start(t)
+	lim, err := throttle.New(rdb, throttle.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := worker.ParseRules("api:call tenant=5/1m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newActivity()
+	var decisions atomic.Int32
+	mw, err := worker.New(lim, worker.Config{Rules: rules, Redis: rdb, NoReservations: true, MaxWait: 2 * time.Minute,
+		SweepInterval: -1, DecisionFunc: func(ctx context.Context, task *asynq.Task, key throttle.Key, d throttle.Decision) {
+			a.decided(ctx, task, key, d)
+			decisions.Add(1)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(a.handler("tenant", asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	errs := make(chan error, 10)
+	for range 10 {
+		wg.Go(func() { errs <- h.ProcessTask(ctx, producer.NewTask("api:call", nil, "acme")) })
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for decisions.Load() < 10 || len(errs) < 5 { // all decided, the 5 admitted for now done
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10s: %d decisions, %d tasks done; want 10 and 5", decisions.Load(), len(errs))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got, want := a.take(20), []string{`api:call tenant="acme" ran=5 throttled=0`}; !reflect.DeepEqual(got, want) {
+		t.Errorf("interval with 5 tasks waiting for their slots: %q, want %q", got, want)
+	}
+	cancel() // the 5 waiting give up their slots, a minute ahead, before starting
+	wg.Wait()
+	close(errs)
+	canceled := 0
+	for err := range errs {
+		if errors.Is(err, context.Canceled) {
+			canceled++
+		} else if err != nil {
+			t.Errorf("task: %v", err)
+		}
+	}
+	if canceled != 5 {
+		t.Errorf("%d tasks ended by their context while waiting, want 5", canceled)
+	}
+	if got := a.take(20); len(got) != 0 {
+		t.Errorf("interval after the waiting tasks gave up: %q, want no line", got)
 	}
 }

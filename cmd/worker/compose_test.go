@@ -44,6 +44,9 @@ type composeService struct {
 	DependsOn   yaml.Node         `yaml:"depends_on"` // a list of names, or a map name -> condition
 	Healthcheck map[string]any    `yaml:"healthcheck"`
 	Restart     string            `yaml:"restart"`
+	// StopGracePeriod is how long `docker compose stop` waits after SIGTERM before it
+	// sends SIGKILL; Compose's default is 10s.
+	StopGracePeriod string `yaml:"stop_grace_period"`
 }
 
 // goService matches the entrypoint script of a service that builds a command of this
@@ -219,6 +222,16 @@ func checkGoService(t *testing.T, name string, svc composeService, goEnv map[str
 		}
 		if cfg.MetricsAddr == "" {
 			t.Errorf("METRICS_ADDR is not set: Prometheus has nothing to scrape")
+		}
+		// SIGKILL must not come before the running tasks have had their shutdown timeout.
+		grace := 10 * time.Second
+		if svc.StopGracePeriod != "" {
+			if grace, err = time.ParseDuration(svc.StopGracePeriod); err != nil {
+				t.Errorf("stop_grace_period: %v", err)
+			}
+		}
+		if grace <= cfg.ShutdownTimeout {
+			t.Errorf("stop_grace_period %s is not longer than WORKER_SHUTDOWN_TIMEOUT %s: Docker would kill running tasks", grace, cfg.ShutdownTimeout)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/kelseyhightower/envconfig"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
+	"github.com/asynq-throttle/asynq-throttle/producer"
 	"github.com/asynq-throttle/asynq-throttle/worker"
 )
 
@@ -33,7 +34,7 @@ type Config struct {
 	// TenantHeader is the task header that names the tenant.
 	TenantHeader string `envconfig:"THROTTLE_TENANT_HEADER" default:"tenant" desc:"task header that names the tenant"`
 	// Prefix starts every Redis key of the limiter.
-	Prefix string `envconfig:"THROTTLE_PREFIX" default:"throttle" desc:"Redis key prefix of the limiter; no '{' or '}'"`
+	Prefix string `envconfig:"THROTTLE_PREFIX" default:"throttle" desc:"Redis key prefix of the limiter; no '{' or '}', and its last ':'-separated segment not 'enqueue' (producers' enqueue quotas live under <prefix>:enqueue:)"`
 	// DemoAPIURL, if set, is the URL the demo handler POSTs each task to; otherwise the
 	// handler sleeps WorkTime.
 	DemoAPIURL string `envconfig:"DEMO_API_URL" desc:"if set, POST each task here (header Tenant, payload as body); non-2xx is a failure"`
@@ -54,6 +55,11 @@ type Config struct {
 	// MetricsMaxTenants is worker.MetricsConfig.MaxTenants: the most distinct tenant
 	// labels; at least 1.
 	MetricsMaxTenants int `envconfig:"METRICS_MAX_TENANTS" default:"100" desc:"most distinct tenant label values with METRICS_TENANT_LABEL, >= 1"`
+	// ShutdownTimeout is asynq.Config.ShutdownTimeout: after SIGINT or SIGTERM, how long
+	// the tasks already running may take to finish. asynq then cancels the context of
+	// each one still running and puts it back in its queue (pending, no retry spent), to
+	// run again from the start. At least minShutdownTimeout.
+	ShutdownTimeout time.Duration `envconfig:"WORKER_SHUTDOWN_TIMEOUT" default:"30s" desc:"after SIGINT/SIGTERM, how long running tasks may take to finish; then each one still running has its context cancelled and goes back to its queue (pending, no retry spent) to run again, >= 1s"`
 	// LogInterval is how often the worker logs what ran and what was throttled. At least
 	// minLogInterval.
 	LogInterval time.Duration `envconfig:"WORKER_LOG_INTERVAL" default:"1s" desc:"how often to log tasks ran and throttled per task type and tenant, >= 100ms"`
@@ -106,6 +112,10 @@ const (
 	minLogInterval = 100 * time.Millisecond
 )
 
+// minShutdownTimeout bounds WORKER_SHUTDOWN_TIMEOUT: asynq reads 0 as its own 8s, and
+// less than a second gives a task no time to finish.
+const minShutdownTimeout = time.Second
+
 // validate reports the first value that parsed but is out of range.
 func (c Config) validate() error {
 	switch {
@@ -117,6 +127,8 @@ func (c Config) validate() error {
 	case c.LogInterval < minLogInterval:
 		return badVar("WORKER_LOG_INTERVAL", fmt.Sprintf("must be at least %s: shorter intervals flood the log "+
 			"and keep an idle worker busy (1ns took a whole CPU core)", minLogInterval))
+	case c.ShutdownTimeout < minShutdownTimeout:
+		return badVar("WORKER_SHUTDOWN_TIMEOUT", fmt.Sprintf("must be at least %s: running tasks get this long to finish at shutdown", minShutdownTimeout))
 	case c.LogMaxLines < 1:
 		return badVar("WORKER_LOG_MAX_LINES", "must be at least 1")
 	case c.MetricsMaxTenants < 1:
@@ -133,6 +145,9 @@ func (c Config) validate() error {
 		return badVar("THROTTLE_PREFIX", "must not be empty")
 	case strings.ContainsAny(c.Prefix, "{}"):
 		return badVar("THROTTLE_PREFIX", "must not contain '{' or '}': they would move the Redis Cluster hash tag")
+	}
+	if err := producer.CheckPrefix(c.Prefix); err != nil { // "x:enqueue": keys of the producers' enqueue quotas
+		return badVar("THROTTLE_PREFIX", err.Error())
 	}
 	if c.MetricsAddr != "" {
 		if _, port, err := net.SplitHostPort(c.MetricsAddr); err != nil || port == "" {

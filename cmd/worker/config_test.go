@@ -1,11 +1,14 @@
 package main
 
 import (
+	"io"
 	"os"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hibiken/asynq"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
@@ -17,7 +20,7 @@ var envVars = []string{
 	"THROTTLE_TENANT_HEADER", "THROTTLE_PREFIX", "DEMO_API_URL", "WORKER_WORK_TIME",
 	"WORKER_LOG_INTERVAL", "THROTTLE_CLOCK", "THROTTLE_MAX_SKEW", "THROTTLE_FAIL_OPEN",
 	"METRICS_ADDR", "METRICS_TENANT_LABEL", "METRICS_MAX_TENANTS", "WORKER_LOG_MAX_LINES",
-	"REDIS_ADDR", "REDIS_MASTER_NAME", "REDIS_PASSWORD", "REDIS_DB",
+	"WORKER_SHUTDOWN_TIMEOUT", "REDIS_ADDR", "REDIS_MASTER_NAME", "REDIS_PASSWORD", "REDIS_DB",
 }
 
 // clearEnv unsets every variable the worker reads, for this test only, then sets kv
@@ -58,6 +61,7 @@ func TestLoadConfig_defaults(t *testing.T) {
 		Redis:        redisenv.Config{Addr: "127.0.0.1:6379"},
 
 		MetricsMaxTenants: 100,
+		ShutdownTimeout:   30 * time.Second,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("defaults:\n got %+v\nwant %+v", got, want)
@@ -82,6 +86,7 @@ func TestLoadConfig_allSet(t *testing.T) {
 		"METRICS_TENANT_LABEL", "true",
 		"METRICS_MAX_TENANTS", "7",
 		"WORKER_LOG_MAX_LINES", "3",
+		"WORKER_SHUTDOWN_TIMEOUT", "2m",
 		"REDIS_ADDR", "127.0.0.1:7000",
 		"REDIS_DB", "5",
 	)
@@ -114,6 +119,7 @@ func TestLoadConfig_allSet(t *testing.T) {
 
 		MetricsTenantLabel: true,
 		MetricsMaxTenants:  7,
+		ShutdownTimeout:    2 * time.Minute,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got  %+v\nwant %+v", got, want)
@@ -158,6 +164,9 @@ func TestLoadConfig_malformed(t *testing.T) {
 		{"WORKER_LOG_INTERVAL", "0", `must be at least 100ms: shorter intervals flood the log`},
 		{"WORKER_LOG_INTERVAL", "1ns", `must be at least 100ms: shorter intervals flood the log`},
 		{"WORKER_LOG_MAX_LINES", "0", `must be at least 1`},
+		{"WORKER_SHUTDOWN_TIMEOUT", "0", `must be at least 1s: running tasks get this long to finish at shutdown`},
+		{"WORKER_SHUTDOWN_TIMEOUT", "999ms", `must be at least 1s: running tasks get this long to finish at shutdown`},
+		{"WORKER_SHUTDOWN_TIMEOUT", "30", `not a Go duration such as 1s`},
 		{"WORKER_LOG_MAX_LINES", "many", `not an integer`},
 		{"METRICS_TENANT_LABEL", "yes please", `not a boolean (true or false)`},
 		{"METRICS_MAX_TENANTS", "0", `must be at least 1`},
@@ -174,6 +183,7 @@ func TestLoadConfig_malformed(t *testing.T) {
 		{"METRICS_ADDR", "9090", `want host:port`},
 		{"THROTTLE_TENANT_HEADER", "", `must not be empty`},
 		{"THROTTLE_PREFIX", "a{b}", `must not contain '{' or '}'`},
+		{"THROTTLE_PREFIX", "throttle:enqueue", `producer: prefix "throttle:enqueue": its last ':'-separated segment is "enqueue", which enqueue quotas put after the workers' prefix ("<prefix>:enqueue:{<task type>}:..."): a worker's keys under it would be enqueue quotas' keys; choose another`},
 		{"DEMO_API_URL", "localhost:8080", `want an http:// or https:// URL`},
 	}
 	for _, tc := range tests {
@@ -217,13 +227,14 @@ func TestRules_Decode(t *testing.T) {
 // TestLoadConfig_bounds checks that each lower bound itself is accepted.
 func TestLoadConfig_bounds(t *testing.T) {
 	clearEnv(t, "WORKER_FORWARDER_INTERVAL", "100ms", "WORKER_LOG_INTERVAL", "100ms",
-		"WORKER_LOG_MAX_LINES", "1", "METRICS_MAX_TENANTS", "1", "METRICS_ADDR", ":9090")
+		"WORKER_LOG_MAX_LINES", "1", "METRICS_MAX_TENANTS", "1", "METRICS_ADDR", ":9090",
+		"WORKER_SHUTDOWN_TIMEOUT", "1s")
 	c, err := loadConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.ForwarderInterval != 100*time.Millisecond || c.LogInterval != 100*time.Millisecond ||
-		c.LogMaxLines != 1 || c.MetricsMaxTenants != 1 || c.MetricsAddr != ":9090" {
+		c.LogMaxLines != 1 || c.MetricsMaxTenants != 1 || c.MetricsAddr != ":9090" || c.ShutdownTimeout != time.Second {
 		t.Errorf("got %+v", c)
 	}
 }
@@ -252,5 +263,21 @@ func TestRedisUsage_matchesRedisenv(t *testing.T) {
 		if rt.Field(i).Tag.Get("desc") == "" {
 			t.Errorf("redisUsage.%s has no desc", rt.Field(i).Name)
 		}
+	}
+}
+
+// TestAsynqConfig: WORKER_SHUTDOWN_TIMEOUT is asynq's ShutdownTimeout (asynq's own default,
+// 8s, would cut off a longer task at SIGTERM), beside the other settings the worker maps.
+func TestAsynqConfig(t *testing.T) {
+	clearEnv(t, "WORKER_SHUTDOWN_TIMEOUT", "45s", "WORKER_CONCURRENCY", "7", "WORKER_FORWARDER_INTERVAL", "300ms")
+	cfg, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ac := asynqConfig(cfg, io.Discard)
+	if ac.ShutdownTimeout != 45*time.Second || ac.Concurrency != 7 || ac.DelayedTaskCheckInterval != 300*time.Millisecond ||
+		!reflect.DeepEqual(ac.Queues, map[string]int{"default": 1}) || ac.LogLevel != asynq.WarnLevel {
+		t.Errorf("asynq.Config: ShutdownTimeout %s Concurrency %d DelayedTaskCheckInterval %s Queues %v LogLevel %v; "+
+			"want 45s 7 300ms map[default:1] warn", ac.ShutdownTimeout, ac.Concurrency, ac.DelayedTaskCheckInterval, ac.Queues, ac.LogLevel)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 )
 
 // demoHandler handles every task the worker gets: with url set it POSTs the task to a
@@ -41,7 +43,7 @@ func (h demoHandler) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(task.Payload()))
 	if err != nil {
-		return fmt.Errorf("demo: %s for tenant %q: %w", task.Type(), tenant, err)
+		return fmt.Errorf("demo: %s for tenant %s: %w", quote.Name(task.Type()), quote.Quote(tenant), err)
 	}
 	req.Header.Set("Tenant", tenant)
 	req.Header.Set("Content-Type", "application/octet-stream")
@@ -51,13 +53,13 @@ func (h demoHandler) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return fmt.Errorf("demo: %s for tenant %q: %w", task.Type(), tenant, err)
+		return fmt.Errorf("demo: %s for tenant %s: %w", quote.Name(task.Type()), quote.Quote(tenant), err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
 	_, _ = io.Copy(io.Discard, resp.Body) // drain, so the connection is reused
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		msg := fmt.Sprintf("demo: %s for tenant %q: POST %s: %s", task.Type(), tenant, h.url, resp.Status)
+		msg := fmt.Sprintf("demo: %s for tenant %s: POST %s: %s", quote.Name(task.Type()), quote.Quote(tenant), h.url, resp.Status)
 		if b := strings.TrimSpace(string(body)); b != "" {
 			msg += ": " + strings.Join(strings.Fields(b), " ")
 		}

@@ -2,7 +2,8 @@
 // by THROTTLE_RULES. Every task, of any type, goes to one demo handler that POSTs it to
 // DEMO_API_URL or, if that is unset, sleeps WORKER_WORK_TIME. Every WORKER_LOG_INTERVAL it
 // logs, for each task type and tenant with activity (the WORKER_LOG_MAX_LINES busiest, and
-// one line for the rest), how many tasks ran and how many were throttled:
+// one line for the rest), how many tasks started (ran: a task admitted for a slot a
+// little ahead counts when it starts, after its wait) and how many denials there were:
 //
 //	2026/11/30 05:01:02 api:call tenant="acme" ran=5 throttled=12
 //	2026/11/30 05:01:02 ... and 4980 more (task type, tenant) pairs: ran=4980 throttled=9960
@@ -14,10 +15,14 @@
 // stores in <THROTTLE_PREFIX>:overrides refine them while it runs, checked every second.
 //
 // It is configured by environment variables only; `worker -h` lists them with their
-// defaults and meaning. Exit status: 0 after a shutdown by SIGINT or SIGTERM (a second
-// one kills it); 1 if Redis does not answer within 5s at start, or asynq cannot start; 2
-// for a malformed variable (reported on stderr, naming it), an argument, or a
-// METRICS_ADDR it cannot listen on.
+// defaults and meaning. On SIGINT or SIGTERM it stops taking tasks and gives the running
+// ones up to WORKER_SHUTDOWN_TIMEOUT (30s) to finish; asynq then cancels the context of
+// each one still running and puts it back in its queue, to run again from the start (on
+// this worker's next start, or on another worker). Exit status: 0 after a shutdown by
+// SIGINT or SIGTERM (a second one kills it at once); 1 if Redis does not answer within 5s
+// at start, or asynq cannot start; 2 for a malformed variable (reported on stderr, naming
+// it), a REDIS_DB the Redis does not have, an argument, or a METRICS_ADDR it cannot
+// listen on.
 package main
 
 import (
@@ -43,6 +48,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 	"github.com/asynq-throttle/asynq-throttle/worker"
 )
@@ -95,6 +101,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	pingCtx, cancel := context.WithTimeout(ctx, redisPingTimeout)
 	err = cfg.Redis.Ping(pingCtx, rdb) // for Sentinel it says what is wrong: the addresses, the name, the master
 	cancel()
+	if errors.Is(err, redisenv.ErrNoSuchDB) { // REDIS_DB=99: a bad value, not an outage
+		fmt.Fprintln(stderr, err)
+		return exitConfig
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "worker: Redis at REDIS_ADDR=%q does not answer: %v\n", cfg.Redis.Addr, err)
 		return exitError
@@ -136,37 +146,28 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitConfig
 	}
 	mw, err := worker.New(lim, worker.Config{
-		Overrides:    overrides,
-		Rules:        cfg.Rules,
-		TenantHeader: cfg.TenantHeader,
-		Redis:        rdb,
-		FailOpen:     cfg.FailOpen,
-		Logger:       slog.New(slog.NewTextHandler(stderr, nil)),
-		Metrics:      metrics,
-		DecisionFunc: act.decided,
+		Overrides:          overrides,
+		OverrideReloadFunc: countReloads(metrics),
+		Rules:              cfg.Rules,
+		TenantHeader:       cfg.TenantHeader,
+		Redis:              rdb,
+		FailOpen:           cfg.FailOpen,
+		Logger:             slog.New(slog.NewTextHandler(stderr, nil)),
+		Metrics:            metrics,
+		DecisionFunc:       act.decided,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "THROTTLE_RULES=%q: %v\n", os.Getenv("THROTTLE_RULES"), err)
 		return exitConfig
 	}
-	srv := asynq.NewServerFromRedisClient(rdb, worker.WrapConfig(asynq.Config{
-		Concurrency:              cfg.Concurrency,
-		Queues:                   cfg.Queues,
-		DelayedTaskCheckInterval: cfg.ForwarderInterval,
-		Logger:                   newAsynqLogger(stderr),
-		// Warnings and errors only: at Info asynq logs its lifecycle chatter. The one
-		// warning that floods, "revoke task id=...", once per throttled task that had no
-		// retry left, is dropped by asynqLogger; other warnings (a task archived after its
-		// last retry, Redis trouble) still show.
-		LogLevel: asynq.WarnLevel,
-	}))
+	srv := asynq.NewServerFromRedisClient(rdb, asynqConfig(cfg, stderr))
 
 	for _, r := range cfg.Rules {
 		logger.Printf("rule %s", r)
 	}
 	logger.Printf("redis %s", cfg.Redis)
-	logger.Printf("queues %s concurrency %d forwarder interval %s tenant header %q key prefix %q",
-		cfg.Queues, cfg.Concurrency, cfg.ForwarderInterval, cfg.TenantHeader, cfg.Prefix)
+	logger.Printf("queues %s concurrency %d forwarder interval %s shutdown timeout %s tenant header %q key prefix %q",
+		cfg.Queues, cfg.Concurrency, cfg.ForwarderInterval, cfg.ShutdownTimeout, cfg.TenantHeader, cfg.Prefix)
 	logger.Printf("clock %s (max skew %s), fail open %t", cfg.Clock, cfg.MaxSkew, cfg.FailOpen)
 	logger.Printf("tiers and overrides from %s (cmd/throttle limits), checked every %s", overrides.Key(), worker.DefaultOverrideInterval)
 	h := demoHandler{url: cfg.DemoAPIURL, work: cfg.WorkTime, tenantHeader: cfg.TenantHeader,
@@ -189,8 +190,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
-			logger.Printf("shutting down")
-			srv.Shutdown() // waits for running tasks (asynq's ShutdownTimeout, 8s)
+			logger.Printf("shutting down: running tasks have up to WORKER_SHUTDOWN_TIMEOUT=%s to finish", cfg.ShutdownTimeout)
+			srv.Shutdown() // waits up to cfg.ShutdownTimeout, then requeues the tasks still running
 			done = true
 		}
 		for _, line := range act.take(cfg.LogMaxLines) {
@@ -199,6 +200,41 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	logger.Printf("stopped")
 	return exitOK
+}
+
+// countReloads is the worker.Config.OverrideReloadFunc that counts each reload of the
+// overrides in asynq_throttle_override_reloads_total: result="ok" for a set put in force
+// (the one read at start too), result="error" for a check, read or parse that failed.
+// Without metrics it is nil: nothing to count.
+func countReloads(metrics *worker.Metrics) func(version int64, err error) {
+	if metrics == nil {
+		return nil
+	}
+	return func(_ int64, err error) {
+		result := worker.ReloadOK
+		if err != nil {
+			result = worker.ReloadError
+		}
+		metrics.OverrideReloads.WithLabelValues(result).Inc()
+	}
+}
+
+// asynqConfig is the asynq server's configuration for cfg, asynq's warnings and errors
+// going to stderr, wrapped by worker.WrapConfig.
+func asynqConfig(cfg Config, stderr io.Writer) asynq.Config {
+	return worker.WrapConfig(asynq.Config{
+		Concurrency:              cfg.Concurrency,
+		Queues:                   cfg.Queues,
+		DelayedTaskCheckInterval: cfg.ForwarderInterval,
+		ShutdownTimeout:          cfg.ShutdownTimeout,
+		Logger:                   newAsynqLogger(stderr),
+		// Warnings and errors only: at Info asynq logs its lifecycle chatter. The one
+		// warning that floods, "revoke task id=...", once per throttled task that had no
+		// retry left, is dropped by asynqLogger; other warnings (a task archived after its
+		// last retry, Redis trouble, "Quitting worker" for a task still running at the
+		// shutdown timeout) still show.
+		LogLevel: asynq.WarnLevel,
+	})
 }
 
 // usage prints how to run the worker and its environment variables with their defaults.
@@ -211,8 +247,12 @@ func usage(w io.Writer) {
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\nDurations are Go durations (500ms, 2s, 1h). Example:\n"+
 		"  THROTTLE_RULES='api:call tenant=5/2s type=20/1s; email:send tenant=100/1h' METRICS_ADDR=:9090 worker\n"+
+		"\nOn SIGINT or SIGTERM the worker takes no new task and gives the running ones WORKER_SHUTDOWN_TIMEOUT to finish;\n"+
+		"then asynq cancels the context of each one still running and puts it back in its queue (pending, no retry\n"+
+		"spent), to run again from the start. A second signal kills the worker at once.\n"+
 		"\nExit status: 0 after a shutdown by SIGINT or SIGTERM; 1 if Redis does not answer within %s at start\n"+
-		"or asynq cannot start; 2 for a malformed variable, an argument, or a METRICS_ADDR it cannot listen on.\n", redisPingTimeout)
+		"or asynq cannot start; 2 for a malformed variable, a REDIS_DB the Redis does not have, an argument,\n"+
+		"or a METRICS_ADDR it cannot listen on.\n", redisPingTimeout)
 }
 
 const usageFormat = "{{range .}}{{usage_key .}}\t{{usage_default .}}\t{{usage_description .}}\n{{end}}"

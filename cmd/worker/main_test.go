@@ -46,6 +46,7 @@ func TestRun_configErrorExits2(t *testing.T) {
 		{env: []string{"WORKER_CONCURRENCY", "ten"}, stderr: `WORKER_CONCURRENCY="ten": not an integer` + "\n"},
 		{env: []string{"REDIS_ADDR", "localhost"},
 			stderr: `redisenv: REDIS_ADDR="localhost": "localhost" is not host:port: missing port in address` + "\n"},
+		{env: []string{"REDIS_DB", "-1"}, stderr: `redisenv: REDIS_DB="-1": must be at least 0` + "\n"},
 		{args: []string{"extra"},
 			stderr: `worker: unexpected argument "extra": the worker is configured by environment variables (worker -h lists them)` + "\n"},
 	}
@@ -95,6 +96,22 @@ func TestRun_redisDownExits1(t *testing.T) {
 	}
 	if want := fmt.Sprintf("worker: Redis at REDIS_ADDR=%q does not answer: ", srv.Addr); !strings.HasPrefix(stderr.String(), want) {
 		t.Errorf("stderr %q, want it to start with %q", stderr.String(), want)
+	}
+}
+
+// TestRun_redisDBOutOfRangeExits2: REDIS_DB=99 on a Redis with 16 databases is a bad
+// value, not an outage: exit status 2 and a message naming REDIS_DB.
+func TestRun_redisDBOutOfRangeExits2(t *testing.T) {
+	srv := redistest.StartServer(t)
+	clearEnv(t, "REDIS_ADDR", srv.Addr, "REDIS_DB", "99")
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), nil, &stdout, &stderr); code != 2 {
+		t.Errorf("exit status %d, want 2", code)
+	}
+	want := `redisenv: REDIS_DB="99": the Redis at REDIS_ADDR="` + srv.Addr + `" has no database 99 (ERR DB index is out of range); ` +
+		`it has databases 0 to N-1, N its "databases" setting (16 by default)` + "\n"
+	if stderr.String() != want || stdout.Len() != 0 {
+		t.Errorf("stderr %q\nwant   %q\nstdout %q, want none", stderr.String(), want, stdout.String())
 	}
 }
 
@@ -194,5 +211,64 @@ func TestRun_endToEnd(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("stdout:\n%s", stdout.String())
+	}
+}
+
+// TestRun_shutdownTimeout stops the worker (as SIGTERM does) while a task is running:
+// with WORKER_SHUTDOWN_TIMEOUT=12s a task of 9s (longer than asynq's own default of 8s)
+// finishes and completes; with 1s a task of 3s is put back in its queue, pending, with no
+// retry spent, as the README says.
+func TestRun_shutdownTimeout(t *testing.T) {
+	tests := []struct {
+		timeout, work string
+		want          asynq.TaskState
+	}{
+		{timeout: "12s", work: "9s", want: asynq.TaskStateCompleted},
+		{timeout: "1s", work: "3s", want: asynq.TaskStatePending},
+	}
+	for _, tc := range tests {
+		t.Run(tc.timeout, func(t *testing.T) {
+			redisSrv := redistest.StartServer(t)
+			clearEnv(t, "REDIS_ADDR", redisSrv.Addr, "WORKER_SHUTDOWN_TIMEOUT", tc.timeout, "WORKER_WORK_TIME", tc.work)
+			rdb := redisSrv.Client()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var stdout, stderr syncBuffer
+			exited := make(chan int, 1)
+			go func() { exited <- run(ctx, nil, &stdout, &stderr) }()
+
+			client := asynq.NewClientFromRedisClient(rdb)
+			if _, err := producer.Enqueue(ctx, client, "api:call", nil, "acme", asynq.TaskID("long"), asynq.Retention(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+			insp := asynq.NewInspectorFromRedisClient(rdb)
+			state := func() *asynq.TaskInfo {
+				info, err := insp.GetTaskInfo("default", "long")
+				if err != nil {
+					t.Fatal(err)
+				}
+				return info
+			}
+			waitFor(t, 10*time.Second, "the task runs", func() bool { return state().State == asynq.TaskStateActive })
+			cancel() // what SIGTERM does
+			select {
+			case code := <-exited:
+				if code != exitOK {
+					t.Errorf("exit status %d, want 0; stderr:\n%s", code, stderr.String())
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("worker did not stop within 30s")
+			}
+			if info := state(); info.State != tc.want || info.Retried != 0 {
+				t.Errorf("after shutdown the task is %s with Retried %d, want %s with 0", info.State, info.Retried, tc.want)
+			}
+			if want := " shutting down: running tasks have up to WORKER_SHUTDOWN_TIMEOUT=" + tc.timeout + " to finish\n"; !strings.Contains(stdout.String(), want) {
+				t.Errorf("stdout lacks %q:\n%s", want, stdout.String())
+			}
+			requeued := strings.Contains(stderr.String(), "WARN: Quitting worker. task id=long\n")
+			if requeued != (tc.want == asynq.TaskStatePending) {
+				t.Errorf("asynq's warning that it put the task back: %t, want %t; stderr:\n%s", requeued, !requeued, stderr.String())
+			}
+		})
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/producer"
+	"github.com/asynq-throttle/asynq-throttle/worker"
 )
 
 // metricsURL matches the startup line that says where the metrics are served.
@@ -122,7 +123,8 @@ func TestRun_metrics(t *testing.T) {
 			{"call=reservations,task_type=api:call", "0"},
 		}},
 		{"asynq_throttle_pauses_active", []series{{"", "0"}}},
-		{"asynq_throttle_override_reloads_total", []series{{"result=error", "0"}, {"result=ok", "0"}}},
+		// The read of the overrides at start (none stored) is a good reload.
+		{"asynq_throttle_override_reloads_total", []series{{"result=error", "0"}, {"result=ok", "1"}}},
 		{"asynq_throttle_eviction_policy_unsafe", []series{{"", "0"}}}, // redistest's servers run noeviction
 		{"asynq_throttle_clock_skew_fallbacks_total", nil},
 	}
@@ -156,6 +158,75 @@ func TestRun_metrics(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("stdout:\n%s", stdout.String())
+	}
+}
+
+// TestRun_overrideReloadsMetric: asynq_throttle_override_reloads_total counts the worker's
+// reloads of the overrides by result: 1 ok at start (nothing stored), 2 once a tier is
+// set (as cmd/throttle sets it), and 1 error once someone writes a field that does not
+// parse, which the worker then keeps out of force (no second error until the next change).
+func TestRun_overrideReloadsMetric(t *testing.T) {
+	redisSrv := redistest.StartServer(t)
+	clearEnv(t, "REDIS_ADDR", redisSrv.Addr, "METRICS_ADDR", "127.0.0.1:0")
+	rdb := redisSrv.Client()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	exited := make(chan int, 1)
+	go func() { exited <- run(ctx, nil, &stdout, &stderr) }()
+	var url string
+	waitFor(t, 10*time.Second, "the worker logs its metrics address", func() bool {
+		m := metricsURL.FindStringSubmatch(stdout.String())
+		if m != nil {
+			url = m[1]
+		}
+		return m != nil
+	})
+	reloads := func() (ok, bad float64) {
+		for _, m := range scrape(t, url)["asynq_throttle_override_reloads_total"].GetMetric() {
+			switch m.GetLabel()[0].GetValue() {
+			case worker.ReloadOK:
+				ok = m.GetCounter().GetValue()
+			case worker.ReloadError:
+				bad = m.GetCounter().GetValue()
+			}
+		}
+		return ok, bad
+	}
+	if ok, bad := reloads(); ok != 1 || bad != 0 {
+		t.Errorf("at start: ok=%g error=%g, want 1 and 0", ok, bad)
+	}
+	store, err := worker.NewOverrideStore(rdb, "throttle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Set(ctx, worker.OverrideTier, "pro", "tenant=50/1s"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the tier put in force", func() bool { ok, _ := reloads(); return ok == 2 })
+	// By hand, as Set would never store it: a tier that does not parse, and a new version.
+	if err := rdb.HSet(ctx, store.Key(), "tier:broken", "tenant=five/1s").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HIncrBy(ctx, store.Key(), "version", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the broken set counted", func() bool { _, bad := reloads(); return bad == 1 })
+	time.Sleep(2 * worker.DefaultOverrideInterval) // two more checks: the same version, nothing counted
+	if ok, bad := reloads(); ok != 2 || bad != 1 {
+		t.Errorf("after the broken set: ok=%g error=%g, want 2 and 1", ok, bad)
+	}
+	cancel()
+	select {
+	case code := <-exited:
+		if code != 0 {
+			t.Errorf("exit status %d, want 0; stderr:\n%s", code, stderr.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("worker did not stop within 15s of cancel")
+	}
+	if want := "throttle: cannot read the overrides; the set read last stays in force until they can be read (logged once)"; strings.Count(stderr.String(), want) != 1 {
+		t.Errorf("stderr should hold one warning %q:\n%s", want, stderr.String())
 	}
 }
 

@@ -11,8 +11,9 @@
 //
 // A command builds one client with Config.NewClient and shares it with asynq through
 // asynq.NewClientFromRedisClient, NewServerFromRedisClient and NewInspectorFromRedisClient;
-// Config.Ping checks it at start and, for Sentinel, says what is wrong in the variables'
-// terms.
+// Config.Ping checks it at start and says what is wrong in the variables' terms: for
+// Sentinel, which of addresses, name and master; a REDIS_DB the server does not have
+// (ErrNoSuchDB) rather than an unreachable Redis.
 package redisenv
 
 import (
@@ -98,14 +99,29 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.DB < 0 {
-		return fmt.Errorf("redisenv: REDIS_DB=%d: must be at least 0", c.DB)
+		return fmt.Errorf("redisenv: REDIS_DB=\"%d\": must be at least 0", c.DB)
 	}
 	if c.DB != 0 && c.MasterName == "" && len(addrs) > 1 {
-		return fmt.Errorf("redisenv: REDIS_DB=%d: Redis Cluster (REDIS_ADDR lists %d nodes) has only database 0",
+		return fmt.Errorf("redisenv: REDIS_DB=\"%d\": Redis Cluster (REDIS_ADDR lists %d nodes) has only database 0",
 			c.DB, len(addrs))
 	}
 	return nil
 }
+
+// ErrNoSuchDB matches, under errors.Is, the error of Config.Ping when the Redis server has
+// no database REDIS_DB: a bad value of the variable, not an outage.
+var ErrNoSuchDB = errors.New("redisenv: REDIS_DB names a database the Redis server does not have")
+
+// noSuchDBError is Ping's error for a database the server does not have: ErrNoSuchDB
+// under errors.Is, and Redis's own error under errors.As.
+type noSuchDBError struct {
+	msg string
+	err error // Redis's
+}
+
+func (e *noSuchDBError) Error() string        { return e.msg }
+func (e *noSuchDBError) Unwrap() error        { return e.err }
+func (e *noSuchDBError) Is(target error) bool { return target == ErrNoSuchDB }
 
 // checkAddr reports why a is not host:port.
 func checkAddr(a string) error {
@@ -164,18 +180,30 @@ func (c Config) NewClient() redis.UniversalClient {
 const sentinelAskTimeout = time.Second
 
 // Ping sends PING through rdb, a client made by c.NewClient, and returns nil if Redis
-// answers. Otherwise, without MasterName, it returns go-redis's error. With MasterName
-// set, go-redis says "all sentinels specified in configuration are unreachable" even when
-// they answered but do not know the name, so Ping asks each Sentinel in Addr for the
-// master (SENTINEL GET-MASTER-ADDR-BY-NAME, within 1s each, even if ctx has ended: go-redis
-// keeps retrying an unreachable Sentinel for about half a minute, so give ctx a deadline)
-// and says which it is, naming the variables:
+// answers. A connection first selects database c.DB, so a DB the server does not have
+// fails every command with "ERR DB index is out of range": Ping reports that as an
+// ErrNoSuchDB error naming REDIS_DB and quoting its value,
+//
+//	redisenv: REDIS_DB="99": the Redis at REDIS_ADDR="127.0.0.1:6379" has no database 99 (ERR DB index is out of range); ...
+//
+// which a command reports as a bad variable (exit status 2). Otherwise, without
+// MasterName, it returns go-redis's error (Redis unreachable, a timeout of ctx, a wrong
+// password). With MasterName set, go-redis says "all sentinels specified in configuration
+// are unreachable" even when they answered but do not know the name, so Ping asks each
+// Sentinel in Addr for the master (SENTINEL GET-MASTER-ADDR-BY-NAME, within 1s each, even
+// if ctx has ended: go-redis keeps retrying an unreachable Sentinel for about half a
+// minute, so give ctx a deadline) and says which it is, naming the variables:
 //
 //	redisenv: no Sentinel in REDIS_ADDR="s1:26379,s2:26379" answers: <the first error>
 //	redisenv: no Sentinel in REDIS_ADDR="s1:26379,s2:26379" knows REDIS_MASTER_NAME="nosuch"
 //	redisenv: the master of REDIS_MASTER_NAME="mymaster" at 10.0.0.5:6379 (says Sentinel s1:26379) does not answer: <error>
 func (c Config) Ping(ctx context.Context, rdb redis.UniversalClient) error {
 	err := rdb.Ping(ctx).Err()
+	var rerr redis.Error
+	if errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "ERR DB index is out of range") {
+		return &noSuchDBError{err: err, msg: fmt.Sprintf("redisenv: REDIS_DB=\"%d\": the Redis at REDIS_ADDR=%q has no database %d (%v); "+
+			"it has databases 0 to N-1, N its \"databases\" setting (16 by default)", c.DB, c.Addr, c.DB, err)}
+	}
 	if err == nil || c.MasterName == "" {
 		return err
 	}

@@ -2,6 +2,7 @@ package redisenv_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"reflect"
 	"strings"
@@ -75,12 +76,12 @@ func TestLoad(t *testing.T) {
 		{
 			name:    "NegativeDB",
 			env:     map[string]string{"REDIS_DB": "-1"},
-			wantErr: `redisenv: REDIS_DB=-1: must be at least 0`,
+			wantErr: `redisenv: REDIS_DB="-1": must be at least 0`,
 		},
 		{
 			name:    "ClusterWithDB",
 			env:     map[string]string{"REDIS_ADDR": "a:7000,b:7001", "REDIS_DB": "1"},
-			wantErr: `redisenv: REDIS_DB=1: Redis Cluster (REDIS_ADDR lists 2 nodes) has only database 0`,
+			wantErr: `redisenv: REDIS_DB="1": Redis Cluster (REDIS_ADDR lists 2 nodes) has only database 0`,
 		},
 		{
 			name:    "AddrMissingPort",
@@ -280,5 +281,37 @@ func TestConfig_NewClient_sentinel(t *testing.T) {
 	defer cancel()
 	if err := cfg.Ping(pingCtx, rdb); err == nil || !strings.HasPrefix(err.Error(), want) {
 		t.Errorf("Ping with the master down: %v\nwant %s...", err, want)
+	}
+}
+
+// TestConfig_Ping: against a real redis-server (16 databases), REDIS_DB=15 answers, and
+// REDIS_DB=99 is an ErrNoSuchDB error that names the variable and quotes its value; an
+// unreachable Redis is not.
+func TestConfig_Ping(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	ctx := context.Background()
+	ping := func(c redisenv.Config) error {
+		rdb := c.NewClient()
+		defer rdb.Close()
+		return c.Ping(ctx, rdb)
+	}
+	if err := ping(redisenv.Config{Addr: srv.Addr, DB: 15}); err != nil {
+		t.Errorf("REDIS_DB=15: %v", err)
+	}
+	err := ping(redisenv.Config{Addr: srv.Addr, DB: 99})
+	want := `redisenv: REDIS_DB="99": the Redis at REDIS_ADDR="` + srv.Addr + `" has no database 99 (ERR DB index is out of range); ` +
+		`it has databases 0 to N-1, N its "databases" setting (16 by default)`
+	if err == nil || err.Error() != want || !errors.Is(err, redisenv.ErrNoSuchDB) {
+		t.Errorf("REDIS_DB=99: %v\nwant %s (ErrNoSuchDB)", err, want)
+	}
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		t.Errorf("REDIS_DB=99: %v does not wrap Redis's error", err)
+	}
+	down := redistest.StartServer(t)
+	down.Stop()
+	if err := ping(redisenv.Config{Addr: down.Addr}); err == nil || errors.Is(err, redisenv.ErrNoSuchDB) {
+		t.Errorf("Redis down: %v, want an error that is not ErrNoSuchDB", err)
 	}
 }
