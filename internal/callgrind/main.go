@@ -53,6 +53,10 @@ func main() {
 		log.Fatal(err)
 	}
 	defer cmd.Process.Kill()
+	fatalf := func(format string, args ...any) { // log.Fatalf runs no deferred call
+		_ = cmd.Process.Kill()
+		log.Fatalf(format, args...)
+	}
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), ReadTimeout: time.Minute, WriteTimeout: time.Minute})
 	for i := 0; ; i++ {
@@ -60,7 +64,7 @@ func main() {
 			break
 		}
 		if i > 600 {
-			log.Fatal("redis-server under valgrind did not answer PING within a minute")
+			fatalf("redis-server under valgrind did not answer PING within a minute")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -71,11 +75,11 @@ func main() {
 	clock.Store(1_800_000_000_000)
 	lim, err := throttle.New(rdb, throttle.Config{MaxSkew: 100000 * time.Hour, NowFunc: func() time.Time { return time.UnixMilli(clock.Load()) }})
 	if err != nil {
-		log.Fatal(err)
+		fatalf("%v", err)
 	}
 	seedSrc, err := os.ReadFile("throttle/testdata/seed_sliding_window.lua")
 	if err != nil {
-		log.Fatalf("%v (run from the module root)", err)
+		fatalf("%v (run from the module root)", err)
 	}
 	seed := redis.NewScript(string(seedSrc))
 	seed.Load(ctx, rdb)
@@ -83,13 +87,13 @@ func main() {
 	pid := cmd.Process.Pid
 	measure := func(name string, call func(i int)) float64 {
 		if err := exec.Command("callgrind_control", "-z", strconv.Itoa(pid)).Run(); err != nil {
-			log.Fatalf("callgrind_control -z: %v", err)
+			fatalf("callgrind_control -z: %v", err)
 		}
 		for i := 0; i < *calls; i++ {
 			call(i)
 		}
 		if err := exec.Command("callgrind_control", "-d", name, strconv.Itoa(pid)).Run(); err != nil {
-			log.Fatalf("callgrind_control -d: %v", err)
+			fatalf("callgrind_control -d: %v", err)
 		}
 		files, _ := filepath.Glob(*dir + "/cg.*")
 		var newest string
@@ -107,12 +111,12 @@ func main() {
 				return n / float64(*calls)
 			}
 		}
-		log.Fatalf("no totals in %s", newest)
+		fatalf("no totals in %s", newest)
 		return 0
 	}
 	must := func(d throttle.Decision, err error) throttle.Decision {
 		if err != nil {
-			log.Fatal(err)
+			fatalf("%v", err)
 		}
 		return d
 	}
@@ -144,7 +148,7 @@ func main() {
 	run("ping", nil, func(int) { rdb.Ping(ctx) })
 	seedCall := func(key string, limit int) {
 		if err := seed.Run(ctx, rdb, []string{key}, clock.Load(), 1000, limit, throttle.NewMember()).Err(); err != nil {
-			log.Fatal(err)
+			fatalf("%v", err)
 		}
 	}
 	run("seed_hot", func() {
@@ -164,7 +168,7 @@ func main() {
 		}
 	}, func(int) {
 		if must(lim.Allow(ctx, hot)).Allowed {
-			log.Fatalf("case a admitted: a wrong outcome")
+			fatalf("case a admitted: a wrong outcome")
 		}
 	})
 	huge := []throttle.Quota{tq(1e9, time.Second)}
@@ -175,7 +179,7 @@ func main() {
 	}, func(i int) {
 		clock.Add(1)
 		if !must(lim.Allow(ctx, throttle.Request{Key: throttle.Key{TaskType: "10k", Tenant: tenants[i%10000]}, Quotas: huge})).Allowed {
-			log.Fatalf("case b denied: a wrong outcome")
+			fatalf("case b denied: a wrong outcome")
 		}
 	})
 	q3 := []throttle.Quota{tq(1e9, time.Second), tq(1e9, time.Hour), yq(1e9, time.Second)}
@@ -186,7 +190,7 @@ func main() {
 	}, func(i int) {
 		clock.Add(1)
 		if !must(lim.Allow(ctx, throttle.Request{Key: throttle.Key{TaskType: "3q", Tenant: tenants[i%10000]}, Quotas: q3})).Allowed {
-			log.Fatalf("case c denied: a wrong outcome")
+			fatalf("case c denied: a wrong outcome")
 		}
 	})
 	rk := throttle.Key{TaskType: "reserve", Tenant: "hot"}
@@ -200,7 +204,7 @@ func main() {
 	}, func(i int) {
 		clock.Add(1)
 		if !must(lim.Allow(ctx, throttle.Request{Key: rk, Quotas: hot.Quotas, Reservation: "d" + strconv.Itoa(i)})).Reserved {
-			log.Fatalf("case d not reserved: a wrong outcome")
+			fatalf("case d not reserved: a wrong outcome")
 		}
 	})
 	yq1000 := []throttle.Quota{yq(1000, time.Second)}
@@ -218,7 +222,7 @@ func main() {
 	}, func(i int) {
 		clock.Add(1)
 		if !must(lim.Allow(ctx, ereq())).Reserved {
-			log.Fatalf("case e not reserved: a wrong outcome")
+			fatalf("case e not reserved: a wrong outcome")
 		}
 	})
 	fmt.Printf("%-10s %10s %8s %8s\n", "case", "Ir/call", "x_seed", "x_ping")
