@@ -318,6 +318,8 @@ func TestLimiter_AllowAt_newEventBehindReservations(t *testing.T) {
 // timeout it is a new event.
 func TestLimiter_AllowAt_dueReservationNotBlockedBehind(t *testing.T) {
 	t.Parallel()
+	// One server, subtests in turn: EarlyWithinClaimWait checks that the server made no
+	// write at all (rdb_changes_since_last_save), which a parallel subtest would break.
 	l, rdb := newLimiterClient(t, throttle.Config{})
 	q := tenantQuota(1, time.Second)
 	setup := func(t *testing.T, withC bool) (b, c throttle.Request) {
@@ -332,13 +334,11 @@ func TestLimiter_AllowAt_dueReservationNotBlockedBehind(t *testing.T) {
 		return b, c
 	}
 	t.Run("OnTime", func(t *testing.T) {
-		t.Parallel()
 		b, c := setup(t, true)
 		resvWantAdmitted(t, l, b, 1000)
 		resvWantAdmitted(t, l, c, 2000)
 	})
 	t.Run("LateBehindAPromise", func(t *testing.T) {
-		t.Parallel()
 		b, c := setup(t, true)
 		pending := resvSetKey(t, l, b.Key, throttle.ScopeTenant)
 		wantOutcome(t, l, b, 1500, outcome{Reserved: true, Held: true, Quota: q, Count: 0, Remaining: 1, RetryAfter: msd(1500), At: 1500})
@@ -349,7 +349,6 @@ func TestLimiter_AllowAt_dueReservationNotBlockedBehind(t *testing.T) {
 		resvWantGone(t, rdb, "B and C claimed", pending)
 	})
 	t.Run("LateWithRoom", func(t *testing.T) {
-		t.Parallel()
 		b, _ := setup(t, false)
 		b.Member = "b-run"
 		log := l.RedisKey(b.Key, throttle.ScopeTenant)
@@ -359,7 +358,6 @@ func TestLimiter_AllowAt_dueReservationNotBlockedBehind(t *testing.T) {
 		wantOutcome(t, l, throttle.Request{Key: b.Key, Quotas: b.Quotas}, 1600, outcome{Quota: q, Count: 1, RetryAfter: msd(900), At: 1600})
 	})
 	t.Run("LateAfterClaimTimeout", func(t *testing.T) {
-		t.Parallel()
 		b, _ := setup(t, false)
 		// Pending at 1000, it lapses at 1000 + 5s: at 6000 it is a new event.
 		wantOutcome(t, l, b, 6000, outcome{Allowed: true, Quota: q, Count: 1, At: 6000})
@@ -367,7 +365,6 @@ func TestLimiter_AllowAt_dueReservationNotBlockedBehind(t *testing.T) {
 		resvWantGone(t, rdb, "lapsed", resvTypeKey(t, l, b.Key.TaskType, "leases"))
 	})
 	t.Run("EarlyWithinClaimWait", func(t *testing.T) {
-		t.Parallel()
 		b, _ := setup(t, false)
 		b.ClaimWait = 300 * time.Millisecond
 		keys := []string{l.RedisKey(b.Key, throttle.ScopeTenant), resvSetKey(t, l, b.Key, throttle.ScopeTenant)}
