@@ -177,6 +177,7 @@ type middleware struct {
 	header       string
 	client       *asynq.Client
 	inspector    *asynq.Inspector
+	rdb          redis.UniversalClient // asynq's Redis: a deferred Unique task's lock (deferral.go)
 	failOpen     bool
 	reserve      bool
 	maxWait      time.Duration // < 0: never wait in the handler
@@ -217,6 +218,7 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 		header:    cfg.TenantHeader,
 		client:    asynq.NewClientFromRedisClient(cfg.Redis),
 		inspector: asynq.NewInspectorFromRedisClient(cfg.Redis),
+		rdb:       cfg.Redis,
 		failOpen:  cfg.FailOpen,
 		reserve:   !cfg.NoReservations,
 		maxWait:   cfg.MaxWait,
