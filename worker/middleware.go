@@ -130,6 +130,9 @@ type Config struct {
 	// denied, with the task's key, e.g. to count or log throttling. It must be fast and
 	// safe for concurrent use.
 	DecisionFunc func(ctx context.Context, task *asynq.Task, key throttle.Key, d throttle.Decision)
+	// NowFunc is the middleware's clock, for the retry instants and waits it computes; give
+	// it the clock of the Limiter's throttle.Config.NowFunc. Defaults to time.Now.
+	NowFunc func() time.Time
 }
 
 // Defaults of Config.
@@ -178,6 +181,7 @@ type middleware struct {
 	header       string
 	client       *asynq.Client
 	inspector    *asynq.Inspector
+	rdb          redis.UniversalClient // asynq's Redis: a deferred Unique task's lock (deferral.go)
 	failOpen     bool
 	reserve      bool
 	maxWait      time.Duration // < 0: never wait in the handler
@@ -218,6 +222,7 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 		header:    cfg.TenantHeader,
 		client:    asynq.NewClientFromRedisClient(cfg.Redis),
 		inspector: asynq.NewInspectorFromRedisClient(cfg.Redis),
+		rdb:       cfg.Redis,
 		failOpen:  cfg.FailOpen,
 		reserve:   !cfg.NoReservations,
 		maxWait:   cfg.MaxWait,
@@ -229,6 +234,9 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 		now:       time.Now,
 		skewLog:   rate.Sometimes{First: 1, Interval: time.Minute},
 		shadowLog: shadowLogger{unavailable: rate.Sometimes{First: 1, Interval: time.Minute}},
+	}
+	if cfg.NowFunc != nil {
+		m.now = cfg.NowFunc
 	}
 	if m.header == "" {
 		m.header = producer.TenantHeader
@@ -404,11 +412,26 @@ func (m *middleware) weightFor(key throttle.Key, eff Effective) int {
 // so starting earlier would break the window that the API sees). If ctx ends while it
 // waits, the task returns ctx's error and asynq retries it as it would any task whose
 // context ended; the slot it was given goes unused.
+//
+// A clock ahead of the Redis server's TIME, within MaxSkew (the limiter trusts it), logs
+// its admissions that far ahead of the others' and would start them that early: an entry
+// another worker logged at t leaves the window at t + W on this clock, before t + W on
+// the others'. So the task also waits out how far this clock was ahead (Decision.Skew, if
+// positive and read: ServerTime set, no SkewFallback): it starts at its logged instant on
+// Redis's clock, which every worker's admissions agree with.
 func (m *middleware) run(ctx context.Context, task *asynq.Task, next asynq.Handler, key throttle.Key, d throttle.Decision) error {
-	if d.Delay > 0 {
-		m.metrics.delayed(key, OutcomeWaited, d.Delay)
+	wait := d.Delay
+	if !d.ServerTime.IsZero() && !d.SkewFallback && d.Skew() > 0 {
+		wait += d.Skew()
+	}
+	if wait > 0 {
+		if d.Delay > 0 {
+			m.metrics.delayed(key, OutcomeWaited, d.Delay)
+		} else {
+			m.metrics.count(key, OutcomeAdmitted)
+		}
 		m.metrics.waiting(key.TaskType, 1)
-		t := time.NewTimer(d.Delay)
+		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
 			m.metrics.waiting(key.TaskType, -1)
