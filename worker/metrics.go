@@ -167,9 +167,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 // max, not sum. A task type whose listing fails is left out of that scrape and counted in
 // RedisErrors.
 //
-// It returns an error if cfg.MaxTenants is negative, or reg's error if a metric is already
+// It returns an error if reg is nil or cfg.MaxTenants is negative, or reg's error if a metric is already
 // registered, and then leaves none of them registered.
 func NewMetricsWithConfig(reg prometheus.Registerer, cfg MetricsConfig) (*Metrics, error) {
+	if reg == nil {
+		return nil, errors.New("worker: NewMetrics: a nil prometheus.Registerer")
+	}
 	if cfg.MaxTenants < 0 {
 		return nil, fmt.Errorf("worker: MetricsConfig.MaxTenants %d < 0", cfg.MaxTenants)
 	}
@@ -210,7 +213,7 @@ func NewMetricsWithConfig(reg prometheus.Registerer, cfg MetricsConfig) (*Metric
 	}, []string{"task_type"})
 	m.RedisErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "asynq_throttle_redis_errors_total",
-		Help: "Limiter calls that failed with a Redis error, by task type and call (allow, cancel, reservations).",
+		Help: "Limiter calls that failed with a Redis error, by task type and call (allow, cancel, pause, reservations).",
 	}, []string{"task_type", "call"})
 	m.PausesActive = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "asynq_throttle_pauses_active",

@@ -273,6 +273,15 @@ func TestNewMetricsWithConfig_negativeMaxTenants(t *testing.T) {
 	}
 }
 
+// TestNewMetrics_nilRegisterer: a nil Registerer is an error, not a panic.
+func TestNewMetrics_nilRegisterer(t *testing.T) {
+	t.Parallel()
+	m, err := worker.NewMetrics(nil)
+	if err == nil || m != nil || err.Error() != "worker: NewMetrics: a nil prometheus.Registerer" {
+		t.Fatalf("got %v, %v; want nil and the error worker: NewMetrics: a nil prometheus.Registerer", m, err)
+	}
+}
+
 // TestNewMetrics_hooks checks that the metrics other code sets exist from the start, at 0,
 // under their fixed names.
 func TestNewMetrics_hooks(t *testing.T) {

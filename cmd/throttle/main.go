@@ -237,7 +237,7 @@ func (e *env) redis() (redis.UniversalClient, error) {
 	rdb := e.vars.Redis.NewClient()
 	ctx, cancel := context.WithTimeout(e.ctx, redisPingTimeout)
 	defer cancel()
-	if err := rdb.Ping(ctx).Err(); err != nil {
+	if err := e.vars.Redis.Ping(ctx, rdb); err != nil { // for Sentinel it says what is wrong
 		_ = rdb.Close()
 		return nil, fmt.Errorf("Redis at REDIS_ADDR=%q does not answer: %w", e.vars.Redis.Addr, err)
 	}
