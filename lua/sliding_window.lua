@@ -336,6 +336,24 @@ repeat
     end
   end
   local lo = redis.call('ZCOUNT', key, '(' .. lower, nows)
+  local holder, tenant, fairq, tag = nil, nil, nil, nil
+  if lo >= limit and token ~= '' then
+    -- No room at now: it will reserve (or be admitted for later). Its lease's holder and
+    -- tenant, and on a type log its fair tag, first: general displaces a reservation when
+    -- one waits at the tag's rank, and handing over before the search wastes less.
+    local hn, tail = string.match(string.sub(rest, n + 1), '^(%d+):(.*)$')
+    hn = tonumber(hn)
+    holder, tenant = string.sub(tail, 1, hn), string.sub(tail, hn + 1)
+    if part == 'type' then
+      fairq = base .. 'fair'
+      local fh = redis.call('HMGET', base .. 'fairstate', 'v', 'l:' .. tenant)
+      local v, l = tonumber(fh[1] or '0'), tonumber(fh[2] or '0')
+      tag = string.format('%d', (v > l and v or l) + math.floor(FAIR_UNIT / tonumber(weight) + 0.5))
+      if redis.call('ZCARD', pkey) > redis.call('ZCOUNT', fairq, '-inf', tag) then
+        break
+      end
+    end
+  end
   local t = nil
   if lo < limit then
     if hiw > now and redis.call('ZCOUNT', key, '(' .. lower, string.format('%d', now + w - 1)) >= limit then
@@ -387,22 +405,6 @@ repeat
   end
   if t > now and token == '' then
     return {0, lo, t - caller, now, 1, server_ms} -- a denial, writing nothing
-  end
-  local holder, tenant, fairq, tag = nil, nil, nil, nil
-  if t > now then
-    local hn, tail = string.match(string.sub(rest, n + 1), '^(%d+):(.*)$')
-    hn = tonumber(hn)
-    holder, tenant = string.sub(tail, 1, hn), string.sub(tail, hn + 1)
-    if part == 'type' then
-      -- The fair tag; general displaces a reservation when one waits at its rank.
-      fairq = base .. 'fair'
-      local fh = redis.call('HMGET', base .. 'fairstate', 'v', 'l:' .. tenant)
-      local v, l = tonumber(fh[1] or '0'), tonumber(fh[2] or '0')
-      tag = string.format('%d', (v > l and v or l) + math.floor(FAIR_UNIT / tonumber(weight) + 0.5))
-      if redis.call('ZCARD', pkey) > redis.call('ZCOUNT', fairq, '-inf', tag) then
-        break
-      end
-    end
   end
   -- The write: this event at now, or its reservation at t; then what general's finish does.
   local ts = t == now and nows or string.format('%d', t)
