@@ -40,7 +40,7 @@
 -- is after hw. A call stamped
 -- before hw is decided at hw, and its retry_after is given on its own clock. Writes trim
 -- entries at or before hw - W and never later ones, so no call can count a window another
--- call has trimmed: a log holds its longest window's entries and two sentinels, no more.
+-- call has trimmed: a log holds its longest window's entries and its sentinels ("#", "#f", "#p"), no more.
 --
 -- CLAIMS. A token pending at r with r <= now + claim_wait is claimed: for instant r if r
 -- >= now (the slot was promised; the caller waits until r), else (late, but within the
