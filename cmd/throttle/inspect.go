@@ -29,7 +29,10 @@ type, or a task type's own):
   ENTRIES       the log's entries: admissions and reservations, past and ahead, one per event
   QUOTA, USED   each quota of the rule on that log, and the slots used in its window ending
                 now (the entries of the window, each counted by its cost): used/limit
-  NEXT SLOT     now if a slot is free, else when the window's oldest entry leaves it
+  NEXT SLOT     the window's next free slot, reservations aside: now if a slot is free, else
+                when the window's oldest entry leaves it; never before the end of a pause in
+                force. Tasks holding reservations (RESERVATIONS) take slots first: for when a
+                new task would run, ask throttle explain
   OLDEST/NEWEST the first and last entries and their kind (a reservation may lie ahead)
   RESERVATIONS  the reservations held by tasks waiting for a slot (throttle.Limiter.Reservations):
                 the tenant's on its log, all of the type's on the type's log
@@ -99,7 +102,10 @@ type quotaJSON struct {
 	Limit    int    `json:"limit"`
 	WindowMS int64  `json:"window_ms"`
 	Used     int64  `json:"used"` // slots used in the window ending at At
-	// NextSlotAt is At if a slot is free, else when the oldest entry of the window leaves it.
+	// NextSlotAt is the window's next free slot, reservations aside: At if a slot is
+	// free, else when the oldest entry of the window leaves it; and never before the end of
+	// the log's pause in force. Tasks already holding reservations on the log come first
+	// (throttle explain counts them).
 	NextSlotAt time.Time `json:"next_slot_at"`
 }
 
@@ -245,6 +251,14 @@ func inspectType(e *env, lim *throttle.Limiter, rs ruleSet, taskType string, key
 			}
 			l.Reservations = total
 		}
+		until, ok, err := lim.PausedUntil(e.ctx, key, k.scope)
+		if err != nil {
+			return t, err
+		}
+		if ok {
+			u := ms(until)
+			l.PausedUntil, l.PauseInForce = &u, u.After(now)
+		}
 		for _, q := range quotas {
 			w := q.Limit.Window.Milliseconds()
 			a, b := now.UnixMilli()-w, now.UnixMilli()
@@ -262,15 +276,10 @@ func inspectType(e *env, lim *throttle.Limiter, rs ruleSet, taskType string, key
 					qj.NextSlotAt = first.at.Add(q.Limit.Window)
 				}
 			}
+			if l.PauseInForce && l.PausedUntil.After(qj.NextSlotAt) {
+				qj.NextSlotAt = *l.PausedUntil // the limiter denies everything on the log until then
+			}
 			l.Quotas = append(l.Quotas, qj)
-		}
-		until, ok, err := lim.PausedUntil(e.ctx, key, k.scope)
-		if err != nil {
-			return t, err
-		}
-		if ok {
-			u := ms(until)
-			l.PausedUntil, l.PauseInForce = &u, u.After(now)
 		}
 		t.Logs = append(t.Logs, l)
 	}

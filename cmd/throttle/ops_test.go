@@ -235,8 +235,9 @@ func TestInspect(t *testing.T) {
 	acmeLog := logJSON{Key: "throttle:{in:call}:tenant:acme", Scope: "tenant", Tenant: ptr("acme"), Entries: 2,
 		Oldest: &entryJSON{At: at(0), Kind: "admission", Cost: 1}, Newest: &entryJSON{At: at(time.Second), Kind: "admission", Cost: 2},
 		QuotasFrom: "default rule", Quotas: []quotaJSON{
-			{Quota: "tenant=3/10s", Limit: 3, WindowMS: 10000, Used: 3, NextSlotAt: at(10 * time.Second)},
-			{Quota: "tenant=5/1m", Limit: 5, WindowMS: 60000, Used: 3, NextSlotAt: now}},
+			// The pause until 30s comes after either window's next free slot (10s, now).
+			{Quota: "tenant=3/10s", Limit: 3, WindowMS: 10000, Used: 3, NextSlotAt: at(30 * time.Second)},
+			{Quota: "tenant=5/1m", Limit: 5, WindowMS: 60000, Used: 3, NextSlotAt: at(30 * time.Second)}},
 		PausedUntil: ptr(at(30 * time.Second)), PauseInForce: true}
 	globexLog := logJSON{Key: "throttle:{in:call}:tenant:globex", Scope: "tenant", Tenant: ptr("globex"), Entries: 4,
 		Oldest: &entryJSON{At: at(100 * time.Millisecond), Kind: "admission", Cost: 1}, Newest: &entryJSON{At: reserved, Kind: "reservation", Cost: 1},
@@ -248,7 +249,7 @@ func TestInspect(t *testing.T) {
 		t.Helper()
 		before := snapshot(t, rdb)
 		var got inspectJSON
-		decode(t, &got, append([]string{"inspect", "-at", rfc(now)}, args...)...)
+		decode(t, &got, append([]string{"inspect", "-at", rfc(want.At)}, args...)...)
 		if !jsonEqual(got, want) {
 			g, _ := json.MarshalIndent(got, "", " ")
 			w, _ := json.MarshalIndent(want, "", " ")
@@ -270,13 +271,24 @@ func TestInspect(t *testing.T) {
 		Rule: "in:call tenant=3/10s tenant=5/1m type=10/1s", RuleFrom: "default rule", Reservations: 1,
 		Logs: []logJSON{typeLog, globexLog}, OtherKeys: []string{}}}}, "-type", "in:call", "-tenant", "globex")
 	inspect(inspectJSON{Prefix: "throttle", At: now, Defaults: true, Types: []typeJSON{}}, "-tenant", "initech")
+	// At 40s acme's pause is over: it no longer holds NEXT SLOT back; 10s's window is empty,
+	// the minute's holds 3 of 5.
+	later := at(40 * time.Second)
+	acmeLater := acmeLog
+	acmeLater.Quotas = []quotaJSON{
+		{Quota: "tenant=3/10s", Limit: 3, WindowMS: 10000, Used: 0, NextSlotAt: later},
+		{Quota: "tenant=5/1m", Limit: 5, WindowMS: 60000, Used: 3, NextSlotAt: later}}
+	acmeLater.PauseInForce = false
+	inspect(inspectJSON{Prefix: "throttle", At: later, Defaults: true, Types: []typeJSON{{TaskType: "in:call",
+		Rule: "in:call tenant=3/10s tenant=5/1m type=10/1s", RuleFrom: "default rule", Reservations: 1,
+		Logs: []logJSON{acmeLater}, OtherKeys: []string{}}}}, "-tenant", "acme")
 
 	wantRun(t, []string{"inspect", "-at", rfc(now), "-tenant", "acme"}, exitOK, `throttle keys (prefix throttle) at 2026-03-04T10:00:01.900Z, overrides version 0
 
 in:call: rule in:call tenant=3/10s tenant=5/1m type=10/1s (default rule); 1 reservation waiting
   LOG            ENTRIES  OLDEST                              NEWEST                              RESERVATIONS  PAUSED UNTIL              QUOTA         USED  NEXT SLOT
-  tenant "acme"  2        2026-03-04T10:00:00.000Z admission  2026-03-04T10:00:01.000Z admission  0             2026-03-04T10:00:30.000Z  tenant=3/10s  3/3   2026-03-04T10:00:10.000Z
-                                                                                                                                          tenant=5/1m   3/5   now
+  tenant "acme"  2        2026-03-04T10:00:00.000Z admission  2026-03-04T10:00:01.000Z admission  0             2026-03-04T10:00:30.000Z  tenant=3/10s  3/3   2026-03-04T10:00:30.000Z
+                                                                                                                                          tenant=5/1m   3/5   2026-03-04T10:00:30.000Z
 `, "")
 }
 
