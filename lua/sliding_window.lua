@@ -421,7 +421,7 @@ repeat
   elseif r[2] then
     redis.call('ZREM', key, '#f')
   end
-  redis.call('ZADD', key, unpack(add))
+  redis.call('ZADD', key, unpack(add)) -- 4 or 6 values: the entry, "#" and perhaps "#f"
   redis.call('ZREMRANGEBYSCORE', key, FLOOR, lower)
   local ttl = (hiw > now and hiw or now) - now + w + SLACK
   if flags >= 4 then
