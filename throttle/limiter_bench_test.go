@@ -72,10 +72,7 @@ func BenchmarkLimiter_Allow(b *testing.B) {
 		env.run(b, c)
 	}
 	if len(env.order)+len(env.failures) > 0 {
-		// To stdout, after the rows' result lines: testing prints a parent benchmark's b.Log
-		// only with -v. Indented, so that benchstat takes no line for a "key: value" setting.
-		table := strings.ReplaceAll(env.table(), "\n", "\n    ")
-		fmt.Printf("\n%s\n    %s\n\n", b.Name(), table)
+		redistest.PrintBenchTable(b.Name(), env.table())
 	}
 }
 

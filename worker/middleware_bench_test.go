@@ -84,10 +84,7 @@ func BenchmarkMiddleware_Drain(b *testing.B) {
 		env.run(b, c)
 	}
 	if len(env.order)+len(env.failures) > 0 {
-		// To stdout, after the rows' result lines, indented as BenchmarkLimiter_Allow's table
-		// is, so that benchstat takes no line for a "key: value" setting.
-		table := strings.ReplaceAll(env.table(), "\n", "\n    ")
-		fmt.Printf("\n%s\n    %s\n\n", b.Name(), table)
+		redistest.PrintBenchTable(b.Name(), env.table())
 	}
 }
 

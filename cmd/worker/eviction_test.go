@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"regexp"
 	"strings"
 	"testing"
@@ -23,32 +22,14 @@ var evictionWarningLine = regexp.MustCompile(`^time=\S+ level=WARN msg="throttle
 func TestRun_evictionPolicyWarning(t *testing.T) {
 	redisSrv := redistest.StartServer(t, "--maxmemory-policy", "allkeys-lru")
 	clearEnv(t, "REDIS_ADDR", redisSrv.Addr, "METRICS_ADDR", "127.0.0.1:0")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	exited := make(chan int, 1)
-	go func() { exited <- run(ctx, nil, &stdout, &stderr) }()
-	var url string
-	waitFor(t, 10*time.Second, "the worker logs its metrics address", func() bool {
-		m := metricsURL.FindStringSubmatch(stdout.String())
-		if m != nil {
-			url = m[1]
-		}
-		return m != nil
-	})
+	w := startWorker(t)
+	stdout, stderr := &w.stdout, &w.stderr
+	url := w.metricsURL(t)
 	waitFor(t, 10*time.Second, "the worker has started", func() bool { return strings.Contains(stdout.String(), " handler sleeps ") })
 	if got := scrape(t, url)["asynq_throttle_eviction_policy_unsafe"].GetMetric(); len(got) != 1 || got[0].GetGauge().GetValue() != 1 {
 		t.Errorf("asynq_throttle_eviction_policy_unsafe = %v, want one series at 1", got)
 	}
-	cancel()
-	select {
-	case code := <-exited:
-		if code != 0 {
-			t.Errorf("exit status %d, want 0", code)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("worker did not stop within 15s of cancel")
-	}
+	w.stop(t, 15*time.Second)
 	if !evictionWarningLine.MatchString(stderr.String()) {
 		t.Errorf("stderr:\n%s\nwant exactly one line matching %s", stderr.String(), evictionWarningLine)
 	}

@@ -35,6 +35,53 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// runningWorker is the worker's run in a goroutine, as the end-to-end tests start it.
+type runningWorker struct {
+	stdout, stderr syncBuffer
+	cancel         context.CancelFunc
+	exited         chan int // run's exit status
+}
+
+// startWorker runs the worker with the environment the test has set; the test's cleanup
+// cancels it if the test did not stop it.
+func startWorker(t *testing.T) *runningWorker {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	w := &runningWorker{cancel: cancel, exited: make(chan int, 1)}
+	go func() { w.exited <- run(ctx, nil, &w.stdout, &w.stderr) }()
+	return w
+}
+
+// metricsURL waits up to 10s for the worker's startup line naming where it serves its
+// metrics (METRICS_ADDR) and returns that URL.
+func (w *runningWorker) metricsURL(t *testing.T) string {
+	t.Helper()
+	var url string
+	waitFor(t, 10*time.Second, "the worker logs its metrics address", func() bool {
+		m := metricsURL.FindStringSubmatch(w.stdout.String())
+		if m != nil {
+			url = m[1]
+		}
+		return m != nil
+	})
+	return url
+}
+
+// stop cancels the run, as SIGTERM does, and fails the test unless it exits 0 within limit.
+func (w *runningWorker) stop(t *testing.T, limit time.Duration) {
+	t.Helper()
+	w.cancel()
+	select {
+	case code := <-w.exited:
+		if code != exitOK {
+			t.Errorf("exit status %d, want 0; stderr:\n%s", code, w.stderr.String())
+		}
+	case <-time.After(limit):
+		t.Fatalf("worker did not stop within %s of cancel", limit)
+	}
+}
+
 func TestRun_configErrorExits2(t *testing.T) {
 	tests := []struct {
 		env    []string
@@ -126,11 +173,8 @@ func TestRun_endToEnd(t *testing.T) {
 	clearEnv(t, "REDIS_ADDR", redisSrv.Addr, "THROTTLE_RULES", "api:call tenant=5/1s")
 	rdb := redisSrv.Client()
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	exited := make(chan int, 1)
-	go func() { exited <- run(ctx, nil, &stdout, &stderr) }()
+	w := startWorker(t)
+	ctx, stdout, stderr := context.Background(), &w.stdout, &w.stderr
 
 	client := asynq.NewClientFromRedisClient(rdb)
 	tenants := []string{"acme", "globex", "initech"}
@@ -168,15 +212,7 @@ func TestRun_endToEnd(t *testing.T) {
 			qi.Completed, qi.Archived, qi.Pending, qi.Active, qi.Scheduled, qi.Retry)
 	}
 
-	cancel()
-	select {
-	case code := <-exited:
-		if code != 0 {
-			t.Errorf("exit status %d, want 0; stderr:\n%s", code, stderr.String())
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("worker did not stop within 15s of cancel")
-	}
+	w.stop(t, 15*time.Second)
 
 	ran, throttled := map[string]int{}, 0
 	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {

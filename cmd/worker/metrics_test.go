@@ -35,19 +35,9 @@ func TestRun_metrics(t *testing.T) {
 		"METRICS_ADDR", "127.0.0.1:0", "METRICS_TENANT_LABEL", "true", "METRICS_MAX_TENANTS", "2")
 	rdb := redisSrv.Client()
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	exited := make(chan int, 1)
-	go func() { exited <- run(ctx, nil, &stdout, &stderr) }()
-	var url string
-	waitFor(t, 10*time.Second, "the worker logs its metrics address", func() bool {
-		m := metricsURL.FindStringSubmatch(stdout.String())
-		if m != nil {
-			url = m[1]
-		}
-		return m != nil
-	})
+	w := startWorker(t)
+	ctx, stdout, stderr := context.Background(), &w.stdout, &w.stderr
+	url := w.metricsURL(t)
 
 	client := asynq.NewClientFromRedisClient(rdb)
 	decided := func(fams map[string]*dto.MetricFamily) (n float64) {
@@ -144,15 +134,7 @@ func TestRun_metrics(t *testing.T) {
 		}
 	}
 
-	cancel()
-	select {
-	case code := <-exited:
-		if code != 0 {
-			t.Errorf("exit status %d, want 0; stderr:\n%s", code, stderr.String())
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("worker did not stop within 15s of cancel")
-	}
+	w.stop(t, 15*time.Second)
 	if stderr.String() != "" {
 		t.Errorf("stderr: %s", stderr.String())
 	}
@@ -169,19 +151,9 @@ func TestRun_overrideReloadsMetric(t *testing.T) {
 	redisSrv := redistest.StartServer(t)
 	clearEnv(t, "REDIS_ADDR", redisSrv.Addr, "METRICS_ADDR", "127.0.0.1:0")
 	rdb := redisSrv.Client()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	exited := make(chan int, 1)
-	go func() { exited <- run(ctx, nil, &stdout, &stderr) }()
-	var url string
-	waitFor(t, 10*time.Second, "the worker logs its metrics address", func() bool {
-		m := metricsURL.FindStringSubmatch(stdout.String())
-		if m != nil {
-			url = m[1]
-		}
-		return m != nil
-	})
+	w := startWorker(t)
+	ctx, stderr := context.Background(), &w.stderr
+	url := w.metricsURL(t)
 	reloads := func() (ok, bad float64) {
 		for _, m := range scrape(t, url)["asynq_throttle_override_reloads_total"].GetMetric() {
 			switch m.GetLabel()[0].GetValue() {
@@ -216,15 +188,7 @@ func TestRun_overrideReloadsMetric(t *testing.T) {
 	if ok, bad := reloads(); ok != 2 || bad != 1 {
 		t.Errorf("after the broken set: ok=%g error=%g, want 2 and 1", ok, bad)
 	}
-	cancel()
-	select {
-	case code := <-exited:
-		if code != 0 {
-			t.Errorf("exit status %d, want 0; stderr:\n%s", code, stderr.String())
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("worker did not stop within 15s of cancel")
-	}
+	w.stop(t, 15*time.Second)
 	if want := "throttle: cannot read the overrides; the set read last stays in force until they can be read (logged once)"; strings.Count(stderr.String(), want) != 1 {
 		t.Errorf("stderr should hold one warning %q:\n%s", want, stderr.String())
 	}

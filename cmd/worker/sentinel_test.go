@@ -27,11 +27,8 @@ func TestRun_sentinel(t *testing.T) {
 	clearEnv(t, "REDIS_ADDR", sentinels, "REDIS_MASTER_NAME", "mymaster", "THROTTLE_RULES", "api:call tenant=5/1s")
 	rdb := s.Client()
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var stdout, stderr syncBuffer
-	exited := make(chan int, 1)
-	go func() { exited <- run(ctx, nil, &stdout, &stderr) }()
+	w := startWorker(t)
+	ctx, stdout, stderr := context.Background(), &w.stdout, &w.stderr
 
 	client := asynq.NewClientFromRedisClient(rdb)
 	tenants := []string{"acme", "globex"}
@@ -61,15 +58,7 @@ func TestRun_sentinel(t *testing.T) {
 		t.Errorf("queue on the primary: completed=%d archived=%d pending=%d active=%d scheduled=%d retry=%d; want 16 completed, nothing else",
 			qi.Completed, qi.Archived, qi.Pending, qi.Active, qi.Scheduled, qi.Retry)
 	}
-	cancel()
-	select {
-	case code := <-exited:
-		if code != 0 {
-			t.Errorf("exit status %d, want 0; stderr:\n%s", code, stderr.String())
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("worker did not stop within 15s of cancel")
-	}
+	w.stop(t, 15*time.Second)
 
 	ran := map[string]int{}
 	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {

@@ -278,3 +278,11 @@ func DescribePinning(ctx context.Context, rdb redis.Cmdable, cpu int, unpinned e
 	}
 	return fmt.Sprintf("redis-server %s (pid %d) %s: may run on CPUs %s", version, pid, pinning, serverCPUs), clientCPUs
 }
+
+// PrintBenchTable prints a benchmark's side-by-side table on stdout, after the rows'
+// result lines, under name and indented by four spaces: testing prints a parent
+// benchmark's b.Log only with -v, and benchstat takes no indented line for a
+// "key: value" setting.
+func PrintBenchTable(name, table string) {
+	fmt.Printf("\n%s\n    %s\n\n", name, strings.ReplaceAll(table, "\n", "\n    "))
+}
