@@ -174,7 +174,18 @@ func run(ctx context.Context, w io.Writer) int {
 			return 1
 		}
 	}
-	want := []string{"acme call 1", "acme call 2", "globex call 1", "globex call 2"}
+	// acme's two calls run after the pause; two of globex's three run, in whatever order
+	// asynq hands them out, and the third to reach the limiter waits for its slot.
+	globexRan := func() int {
+		n := 0
+		for _, name := range []string{"globex call 1", "globex call 2", "globex call 3"} {
+			if _, ok := j.calls[name]; ok {
+				n++
+			}
+		}
+		return n
+	}
+	want := []string{"acme call 1", "acme call 2"}
 	done := func() bool {
 		j.mu.Lock()
 		defer j.mu.Unlock()
@@ -183,7 +194,7 @@ func run(ctx context.Context, w io.Writer) int {
 				return false
 			}
 		}
-		return j.heldBack > 0
+		return globexRan() == 2 && j.heldBack > 0
 	}
 	for deadline := time.Now().Add(15 * time.Second); !done() && time.Now().Before(deadline); {
 		time.Sleep(20 * time.Millisecond)
@@ -198,9 +209,10 @@ func run(ctx context.Context, w io.Writer) int {
 		}
 	}
 	fmt.Fprintf(j.w, "\nacme was paused until +%.1fs, and the API got %d calls for acme meanwhile; its refused call still\n"+
-		"counts in its minute (the limiter admitted it before the API refused it). globex's third call waits\n"+
+		"counts in its minute (the limiter admitted it before the API refused it). globex's third call to\n"+
+		"reach the limiter waits "+
 		"for its slot: 8000 + 4000 tokens would be more than 10000 in a minute.\n", j.pausedTill.Sub(j.start).Seconds(), inPause)
-	ok := inPause == 0 && j.heldBack > 50*time.Second
+	ok := inPause == 0 && j.heldBack > 50*time.Second && globexRan() == 2
 	for _, name := range want {
 		t, ran := j.calls[name]
 		ok = ok && ran && (name[:4] != "acme" || !t.Before(j.pausedTill))
