@@ -40,7 +40,8 @@
 -- is after hw. A call stamped
 -- before hw is decided at hw, and its retry_after is given on its own clock. Writes trim
 -- entries at or before hw - W and never later ones, so no call can count a window another
--- call has trimmed: a log holds its longest window's entries and its sentinels ("#", "#f", "#p"), no more.
+-- call has trimmed: a log holds its longest window's entries and its sentinels ("#", "#f", "#p"), and
+-- at most K_TRIM - 1 entries that have left it (the fast path trims lazily), no more.
 --
 -- CLAIMS. A token pending at r with r <= now + claim_wait is claimed: for instant r if r
 -- >= now (the slot was promised; the caller waits until r), else (late, but within the
@@ -94,7 +95,7 @@
 --   written) if it ends at or before now, else 1. For a resume: 1 "u"; KEYS[1]: the log.
 --   Returns 1 if the log had a pause, else 0.
 
-local K_SCAN, K_CAND, K_ITER, K_LAPSE, K_RENUM, K_FAIR = 64, 4, 3, 8, 32, 8
+local K_SCAN, K_CAND, K_ITER, K_LAPSE, K_RENUM, K_FAIR, K_TRIM = 64, 4, 3, 8, 32, 8, 8
 local DEFAULT_CLAIM_TIMEOUT = 5000 -- ms, throttle.DefaultClaimTimeout
 local BASE = 2251799813685248 -- 2^51
 local FLOOR = '-1125899906842624' -- -2^50: below every instant, above every sentinel
@@ -175,9 +176,15 @@ repeat
         break
       end
     end
-    -- The member is not in the log (ZMSCORE above, in this atomic call): one ZADD.
+    -- The member is not in the log (ZMSCORE above, in this atomic call): one ZADD. The
+    -- trim waits until K_TRIM entries have left the window (old, counted above), saving a
+    -- call on most admissions: every count and rank here skips them, and they are at or
+    -- before hw - W, where no later call's window reaches (calls are decided at hw or
+    -- after). A log so holds at most K_TRIM - 1 entries beyond its window.
     redis.call('ZADD', key, at, member, sentinel, '#')
-    redis.call('ZREMRANGEBYSCORE', key, FLOOR, lower)
+    if old >= K_TRIM then
+      redis.call('ZREMRANGEBYSCORE', key, FLOOR, lower)
+    end
     redis.call('PEXPIRE', key, SLACK == 0 and ARGV[7] or string.format('%d', w + SLACK))
     return {1, lo + 1, 0, now, 1, server_ms}
   end

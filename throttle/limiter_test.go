@@ -1009,11 +1009,19 @@ func TestLimiter_AllowAt_limitChanged(t *testing.T) {
 	if n := zcard(t, rdb, l.RedisKey(key, throttle.ScopeTenant)); n != 6 {
 		t.Errorf("the log holds %d entries, want 6", n)
 	}
-	// A shorter window trims more: at 1150 under 6/200ms everything at or before 950 goes.
+	// A shorter window: at 1150 under 6/200ms the 6 entries at or before 950 have left
+	// it. The fast path trims once K_TRIM (8) have: not yet, and they do not count.
 	shorter := tenantQuota(6, 200*time.Millisecond)
 	wantOutcome(t, l, req(shorter), 1150, outcome{Allowed: true, Quota: shorter, Count: 1, Remaining: 5, At: 1150})
+	if n := zcard(t, rdb, l.RedisKey(key, throttle.ScopeTenant)); n != 7 {
+		t.Errorf("the log holds %d entries, want 7: 6 that left the window and the one at 1150", n)
+	}
+	wantOutcome(t, l, req(shorter), 1400, outcome{Allowed: true, Quota: shorter, Count: 1, Remaining: 5, At: 1400})
+	wantOutcome(t, l, req(shorter), 1450, outcome{Allowed: true, Quota: shorter, Count: 2, Remaining: 4, At: 1450})
+	// At 1700, 9 have left (100..600, 1150, 1400, 1450): the trim takes them all.
+	wantOutcome(t, l, req(shorter), 1700, outcome{Allowed: true, Quota: shorter, Count: 1, Remaining: 5, At: 1700})
 	if got := entriesOf(t, rdb, l.RedisKey(key, throttle.ScopeTenant)); len(got) != 1 {
-		t.Errorf("the log holds %v, want only the entry at 1150", got)
+		t.Errorf("the log holds %v, want only the entry at 1700", got)
 	}
 }
 

@@ -34,6 +34,7 @@ const (
 	modelKFair  = 8
 	modelFair   = 1_000_000
 	modelBase   = 1 << 51 // sentinels score -2^51 + ...
+	modelTrim   = 8       // the script's K_TRIM
 )
 
 // modelLog names one window log: a task type's (ScopeType, tenant "") or a tenant's.
@@ -181,6 +182,7 @@ type callLog struct {
 	wmax     int64
 	dirty    bool
 	pRemoved bool
+	lazy     bool // an admission by the script's fast path for one quota: see finish
 }
 
 // costOf is the cost an L member stands for.
@@ -400,7 +402,17 @@ func (cl *callLog) finish(now, claimTimeout int64) int64 {
 		st.pause = -1
 	}
 	floor := now - cl.wmax
-	st.entries = slices.DeleteFunc(st.entries, func(e *modelEntry) bool { return e.score <= floor })
+	// The fast path for one quota trims only once K_TRIM entries have left the window;
+	// every other write trims what has.
+	old := 0
+	for _, e := range st.entries {
+		if e.score <= floor {
+			old++
+		}
+	}
+	if !cl.lazy || old >= modelTrim {
+		st.entries = slices.DeleteFunc(st.entries, func(e *modelEntry) bool { return e.score <= floor })
+	}
 	if st.flagC && len(st.entries.weighted()) == 0 {
 		st.flagC = false
 	}
@@ -484,7 +496,18 @@ func (m *model) decide(req throttle.Request, now int64) (modelDecision, modelTTL
 		c.quotas = append(c.quotas, mq)
 		c.quotaLog = append(c.quotaLog, cl)
 	}
+	// The script's fast path for one quota: a cost-1 event with nothing in ARGV[5] (no
+	// reservation, wait or claim timeout of its own) on a plain log (no weighted entry,
+	// nothing pending or ahead, no pause).
+	var fast bool
+	if len(c.quotas) == 1 && c.cost == 1 && c.token == "" && req.MaxWait == 0 && c.claimTimeout == throttle.DefaultClaimTimeout.Milliseconds() {
+		st := c.logs[0].st
+		fast = !st.flagC && !st.flagP && st.hiw <= st.hw && st.pause < 0
+	}
 	d := c.run()
+	if fast && d.allowed && !d.replay && d.at == c.now {
+		c.logs[0].lazy = true
+	}
 	ttls := modelTTLs{}
 	for _, cl := range append(slices.Clone(c.logs), c.extra...) {
 		ttl := cl.finish(c.now, c.claimTimeout)

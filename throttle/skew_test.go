@@ -25,9 +25,12 @@ var seedScriptSrc string
 var seedScript = redis.NewScript(seedScriptSrc)
 
 // TestLimiter_AllowAt_memoryAtLimit: a key of 100/1s at its limit (an admission every
-// 10ms for 5s) holds its 100 entries and one sentinel, in at most 1.1 times the memory of
-// the seed script's key fed the same admissions with xid members (MEMORY USAGE). v1 kept
-// 2s of grace beyond the window: 300 entries, 10.4 times the seed's memory.
+// 10ms for 5s) holds its 100 entries, one sentinel and at most K_TRIM - 1 = 7 entries that
+// have left the window (the fast path trims once 8 have), in at most 1.1 times the memory
+// of the seed script's key fed the same admissions with xid members (MEMORY USAGE). The
+// 499th call leaves 7 of them (the last trim was the 492nd's, i = 491), the 500th trims:
+// 101 members. v1 kept 2s of grace beyond the window: 300 entries, 10.4 times the seed's
+// memory.
 func TestLimiter_AllowAt_memoryAtLimit(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Start(t)
@@ -37,7 +40,18 @@ func TestLimiter_AllowAt_memoryAtLimit(t *testing.T) {
 	}
 	ctx := context.Background()
 	req := throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: "acme"}, Quotas: []throttle.Quota{tenantQuota(100, time.Second)}}
+	key := l.RedisKey(req.Key, throttle.ScopeTenant)
 	for i := range 500 {
+		if i == 499 {
+			if n := zcardOf(t, rdb, key); n != 108 {
+				t.Errorf("after 499 calls the log holds %d members, want 108: 100 entries, the sentinel and 7 that left the window", n)
+			}
+			ours, seed := memoryOf(t, rdb, key), memoryOf(t, rdb, "seed")
+			t.Logf("MEMORY USAGE with 7 left to trim: ours %d B, the seed's %d B (%.2f x)", ours, seed, float64(ours)/float64(seed))
+			if float64(ours) > 1.1*float64(seed) {
+				t.Errorf("with 7 left to trim our key takes %d B, the seed's %d B: more than 1.1 x", ours, seed)
+			}
+		}
 		at := int64(1_700_000_000_000 + 10*i)
 		if d := allowAtV2(t, l, req, at); !d.Allowed {
 			t.Fatalf("call %d at +%dms denied: %+v", i, 10*i, d)
@@ -47,7 +61,6 @@ func TestLimiter_AllowAt_memoryAtLimit(t *testing.T) {
 			t.Fatalf("seed call %d: %v %v", i, r, err)
 		}
 	}
-	key := l.RedisKey(req.Key, throttle.ScopeTenant)
 	if n := zcardOf(t, rdb, key); n != 101 {
 		t.Errorf("the log holds %d members, want 101: its window's 100 entries and the sentinel", n)
 	}
