@@ -15,7 +15,7 @@
 -- cost - 1 over C's entries up to this one, in score order). So the slots of a window
 -- (a, b] are ZCOUNT(L, a, b) plus a difference of two <cum>s: O(log N), one entry per event.
 -- Per task type: LEASES (hash: token -> "<cost>:<scopes>:<created ms>:<n>:<holder><tenant>",
--- holder n bytes), FAIRQ (sorted set: token -> fair tag), FAIRH (hash: "v" -> the tag of
+-- holder n bytes, after "p<priority>:" for a priority above 0), FAIRQ (sorted set: token -> fair tag), FAIRH (hash: "v" -> the tag of
 -- the latest claimed reservation, "l:<tenant>" -> the tenant's latest tag).
 --
 -- THE RULE (README.md, The script). Cost c fits at instant t iff, for every quota (limit, W), every
@@ -56,7 +56,17 @@
 -- is another tenant's cost-1 reservation (same scopes), after now and before its own
 -- earliest instant, where its other quotas have room. The reservation it displaces moves to its own earliest
 -- instant, keeping its tag. Waiting tenants so share the type's slots in proportion to
--- their weights, and a share left unused goes to the others.
+-- their weights, and a share left unused goes to the others. A fair rank never displaces a
+-- reservation of higher priority.
+--
+-- PRIORITY. An event of cost 1 with a token and a priority p > 0 (its lease records p)
+-- that must reserve first looks for the earliest slot after now, and before its own
+-- earliest instant, held by a pending reservation of lower priority: among the first
+-- K_PRIO pending after now on the type log (else its tenant log), the first of cost 1
+-- with the same scopes where its other quotas have room. It is admitted for that slot if
+-- within its wait, else reserves it; the reservation it displaces moves to its own
+-- earliest instant, keeping its tag. Only the general path does this: a priority's
+-- "p<p>:" before ARGV[5] fails the fast and one-log paths' cost-1 test.
 --
 -- PAUSE. An event on a log paused until u > now (for an upstream 429) is denied until
 -- the latest such u, writing nothing, before lapses and claims: the binding quota is the
@@ -81,7 +91,8 @@
 --   for now_ms, as a string ("-2^51 + 16 * now_ms")   4 max_skew_ms ("0": trust now_ms)
 --   5 "" for a cost-1 event with no reservation, else
 --     "<cost>:<wait>:<claim timeout>:<claim wait>:<weight>:<n>:<token><n>:<holder><tenant>"
---     (times in ms; token and holder prefixed by their byte lengths)
+--     (times in ms; token and holder prefixed by their byte lengths), after "p<priority>:"
+--     for a priority above 0 (at most 1000)
 --   then per quota i: limit, window_ms, now_ms - window_ms (strings); with more than one
 --   quota, a last ARGV of one digit per quota: the index of its log in KEYS.
 -- Returns {code, count, retry_after_ms, at_ms, binding, server_ms}: code = allowed (1) +
@@ -96,6 +107,7 @@
 --   Returns 1 if the log had a pause, else 0.
 
 local K_SCAN, K_CAND, K_ITER, K_LAPSE, K_RENUM, K_FAIR, K_TRIM = 64, 4, 3, 8, 32, 8, 8
+local K_PRIO = 8 -- pending reservations a prioritized event examines (PRIORITY)
 local DEFAULT_CLAIM_TIMEOUT = 5000 -- ms, throttle.DefaultClaimTimeout
 local BASE = 2251799813685248 -- 2^51
 local FLOOR = '-1125899906842624' -- -2^50: below every instant, above every sentinel
@@ -906,12 +918,13 @@ end
 -- ---------------------------------------------------------------------------------------
 -- Reservations
 
--- lease_parse returns the cost, scopes ("t" tenant, "y" type, in log order), tenant and
--- holder of a lease record.
+-- lease_parse returns the cost, scopes ("t" tenant, "y" type, in log order), tenant,
+-- holder and priority of a lease record.
 local function lease_parse(rec)
-  local cost, scopes, n, rest = string.match(rec, '^(%d+):(%a+):%d+:(%d+):(.*)$')
+  local p, tail = string.match(rec, '^p(%d+):(.*)$')
+  local cost, scopes, n, rest = string.match(tail or rec, '^(%d+):(%a+):%d+:(%d+):(.*)$')
   n = tonumber(n)
-  return tonumber(cost), scopes, string.sub(rest, n + 1), string.sub(rest, 1, n)
+  return tonumber(cost), scopes, string.sub(rest, n + 1), string.sub(rest, 1, n), tonumber(p or '0')
 end
 
 local function token_of(pm)
@@ -1023,9 +1036,14 @@ local fresh = string.byte(ARGV[2], 1) == 33
 local member = fresh and string.sub(ARGV[2], 2) or ARGV[2]
 local cost, wait, claim_timeout, claim_wait, weight = 1, 0, DEFAULT_CLAIM_TIMEOUT, 0, 1
 local token, holder, tenant = '', '', ''
+local prio, prio_rec = 0, '' -- the priority, and its "p<priority>:" before the lease record
 if ARGV[5] ~= '' then
-  -- "<cost>:<wait>:<claim timeout>:<claim wait>:<weight>:<n>:<token><n>:<holder><tenant>"
-  local c, w, ct, cw, wt, n, rest = string.match(ARGV[5], '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(.*)$')
+  -- ["p<priority>:"]"<cost>:<wait>:<claim timeout>:<claim wait>:<weight>:<n>:<token><n>:<holder><tenant>"
+  local p, extra = string.match(ARGV[5], '^p(%d+):(.*)$')
+  if p then
+    prio, prio_rec = tonumber(p), 'p' .. p .. ':'
+  end
+  local c, w, ct, cw, wt, n, rest = string.match(extra or ARGV[5], '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(.*)$')
   cost, wait, claim_timeout, claim_wait, weight = tonumber(c), tonumber(w), tonumber(ct), tonumber(cw), tonumber(wt)
   token = string.sub(rest, 1, tonumber(n))
   local hn, tail = string.match(string.sub(rest, tonumber(n) + 1), '^(%d+):(.*)$')
@@ -1229,7 +1247,8 @@ local function placeable(t0)
 end
 
 local t = placeable(now)
-if t <= now + (held_at and claim_wait or wait) then
+local horizon = held_at and claim_wait or wait
+if t <= now + horizon then
   for j = 1, m do
     put(logs[j], am, t, cost)
   end
@@ -1238,6 +1257,101 @@ if t <= now + (held_at and claim_wait or wait) then
   end
   finish_all()
   return admitted(t, 0, t == now and cost or nil, held)
+end
+
+local scopes = ''
+for j = 1, m do
+  scopes = scopes .. (j == type_log and 'y' or 't')
+end
+
+-- room_for reports whether this event's logs that a reservation of tenant vt does not
+-- share (its tenant log, for another tenant's) have room for cost 1 at s; roomy caches it
+-- per instant: one fits per instant, at most K_FAIR or K_PRIO instants per call.
+local function room_for(s, vt, roomy)
+  if vt == tenant then
+    return true
+  end
+  if roomy[s] == nil then
+    roomy[s] = true
+    for j = 1, m do
+      if roomy[s] and j ~= type_log then
+        flush(logs[j])
+        roomy[s] = fits(logs[j], s, 1)
+      end
+    end
+  end
+  return roomy[s]
+end
+
+-- displace gives the slot at sv of the pending reservation v (cost 1, this event's scopes)
+-- of tenant vt to this event: its admission am if admit, else its reservation; v moves to
+-- its own earliest instant after now, keeping its lease and tag. Its logs are the type
+-- log and its tenant's under this event's quotas (this event's own, for its tenant).
+local function displace(v, sv, vt, admit)
+  local vlogs = {}
+  for j = 1, m do
+    if j == type_log or vt == tenant then
+      vlogs[j] = logs[j]
+    else
+      local part = 'tenant:' .. vt
+      local vl = new_log(base .. part, base .. 'pending:' .. part, base .. 'costs:' .. part)
+      vl.q, vl.wmax, vl.add = logs[j].q, logs[j].wmax, {}
+      load(vl)
+      vlogs[j] = vl
+    end
+  end
+  for j = 1, m do
+    unreserve(vlogs[j], v, sv)
+    if admit then
+      put(logs[j], am, sv, 1)
+    else
+      reserve(logs[j], pm, sv)
+    end
+    flush(logs[j])
+    flush(vlogs[j])
+  end
+  local tv = earliest(vlogs, now, 1)
+  for j = 1, m do
+    reserve(vlogs[j], v, tv)
+    if vlogs[j] ~= logs[j] then
+      finish(vlogs[j], now, claim_timeout)
+    end
+  end
+end
+
+-- PRIORITY: the first of the K_PRIO reservations pending in (now, t) on the type log
+-- (else the tenant log) that is of cost 1, has this event's scopes and a lower priority,
+-- where this event's other logs have room: one ZRANGEBYSCORE, one HMGET of at most K_PRIO
+-- leases, at most K_PRIO fits.
+local v, sv, vt = nil, nil, nil
+if prio > 0 and cost == 1 and token ~= '' then
+  local plog = tlog or logs[1]
+  local page = has_p(plog) and redis.call('ZRANGEBYSCORE', plog.P, '(' .. fmt(now), '(' .. fmt(t), 'WITHSCORES', 'LIMIT', 0, K_PRIO) or {}
+  local tokens = {}
+  for i = 1, #page, 2 do
+    tokens[#tokens + 1] = token_of(page[i])
+  end
+  local recs = #tokens > 0 and redis.call('HMGET', LEASES, unpack(tokens)) or {} -- at most K_PRIO
+  local roomy = {}
+  for i = 1, #tokens do
+    local rec = recs[i]
+    if rec and string.sub(page[2 * i - 1], 1, 2) == '1:' then
+      local vcost, vscopes, vten, _, vprio = lease_parse(rec)
+      local s = tonumber(page[2 * i])
+      if vcost == 1 and vscopes == scopes and vprio < prio and room_for(s, vten, roomy) then
+        v, sv, vt = page[2 * i - 1], s, vten
+        break
+      end
+    end
+  end
+  if v and sv <= now + horizon then
+    displace(v, sv, vt, true)
+    if held_at then
+      fair_claimed()
+    end
+    finish_all()
+    return admitted(sv, 0, nil, held)
+  end
 end
 
 -- The binding quota of a denial: the first with no room at now.
@@ -1266,11 +1380,7 @@ if token == '' then
   return reply(0, 0, binding, count_at(quotas[binding], now, 0), now, t - caller, 0, held)
 end
 
--- Reserve, at the fair rank on a type quota.
-local scopes = ''
-for j = 1, m do
-  scopes = scopes .. (j == type_log and 'y' or 't')
-end
+-- Reserve: at a lower priority's slot (found above), else at the fair rank on a type quota.
 local tag = nil
 if tlog then
   local fh = redis.call('HMGET', FAIRH, 'v', 'l:' .. tenant)
@@ -1278,11 +1388,15 @@ if tlog then
 end
 
 local placed = false
-if tlog and cost == 1 then
+if v then
+  displace(v, sv, vt, false)
+  t, placed = sv, true
+end
+if not placed and tlog and cost == 1 then
   -- The instant of the slot at the fair rank; there, or after, the first of K_FAIR
   -- pending reservations (from the first at that instant: slots at one instant are alike)
-  -- that is another tenant's of cost 1, after now and before t, where our other quotas
-  -- have room.
+  -- that is another tenant's of cost 1 and no higher priority, after now and before t,
+  -- where our other quotas have room.
   local rank = redis.call('ZCOUNT', FAIRQ, '-inf', fmt(tag))
   local at_rank = redis.call('ZRANGE', tlog.P, rank, rank, 'WITHSCORES')[2]
   local page = at_rank and redis.call('ZRANGEBYSCORE', tlog.P, at_rank, '+inf', 'WITHSCORES', 'LIMIT', 0, K_FAIR) or {}
@@ -1291,7 +1405,7 @@ if tlog and cost == 1 then
     tokens[#tokens + 1] = token_of(page[i])
   end
   local recs = #tokens > 0 and redis.call('HMGET', LEASES, unpack(tokens)) or {} -- at most K_FAIR
-  local v, sv, vtenant = nil, nil, nil
+  local fv, fsv, fvt = nil, nil, nil
   local roomy = {} -- per instant, whether our other logs have room there
   for i = 1, #tokens do
     local s = tonumber(page[2 * i])
@@ -1300,52 +1414,16 @@ if tlog and cost == 1 then
     end
     local rec = recs[i]
     if rec and s > now and string.sub(page[2 * i - 1], 1, 2) == '1:' then
-      local vcost, vscopes, vt = lease_parse(rec)
-      if vcost == 1 and vscopes == scopes and vt ~= tenant then
-        if roomy[s] == nil then
-          roomy[s] = true
-          for j = 1, m do
-            if roomy[s] and j ~= type_log then
-              flush(logs[j])
-              roomy[s] = fits(logs[j], s, 1)
-            end
-          end
-        end
-        if roomy[s] then
-          v, sv, vtenant = page[2 * i - 1], s, vt
-          break
-        end
+      local vcost, vscopes, vten, _, vprio = lease_parse(rec)
+      if vcost == 1 and vscopes == scopes and vten ~= tenant and vprio <= prio and room_for(s, vten, roomy) then
+        fv, fsv, fvt = page[2 * i - 1], s, vten
+        break
       end
     end
   end
-  if v then
-    -- The displaced reservation's logs: the type log, and its tenant's under our quotas.
-    local vlogs = {}
-    for j = 1, m do
-      if j == type_log then
-        vlogs[j] = tlog
-      else
-        local part = 'tenant:' .. vtenant
-        local vl = new_log(base .. part, base .. 'pending:' .. part, base .. 'costs:' .. part)
-        vl.q, vl.wmax, vl.add = logs[j].q, logs[j].wmax, {}
-        load(vl)
-        vlogs[j] = vl
-      end
-    end
-    for j = 1, m do
-      unreserve(vlogs[j], v, sv)
-      reserve(logs[j], pm, sv)
-      flush(logs[j])
-      flush(vlogs[j])
-    end
-    local tv = earliest(vlogs, now, 1)
-    for j = 1, m do
-      reserve(vlogs[j], v, tv)
-      if j ~= type_log then
-        finish(vlogs[j], now, claim_timeout)
-      end
-    end
-    t, placed = sv, true
+  if fv then
+    displace(fv, fsv, fvt, false)
+    t, placed = fsv, true
   end
 end
 if not placed then
@@ -1359,7 +1437,7 @@ if created == 0 then -- AllowAt does not read the clock; a lease records the ser
   local t = redis.call('TIME')
   created = t[1] * 1000 + math.floor(t[2] / 1000)
 end
-redis.call('HSET', LEASES, token, cost .. ':' .. scopes .. ':' .. fmt(created) .. ':' .. #holder .. ':' .. holder .. tenant)
+redis.call('HSET', LEASES, token, prio_rec .. cost .. ':' .. scopes .. ':' .. fmt(created) .. ':' .. #holder .. ':' .. holder .. tenant)
 local horizon = 0
 for j = 1, m do
   horizon = math.max(horizon, math.max(t, logs[j].hiw) - now + logs[j].wmax + claim_timeout + SLACK)

@@ -20,7 +20,7 @@ const maxCommands = 120
 // TestLimiter_AllowAt_boundedWork measures, by INFO commandstats, the commands each path
 // runs on a type quota of 1000/1s among 100 tenants, with 2,000 and then 10,000
 // reservations waiting: admission (another task type), denial, a new reservation (the fair
-// share), a claim ahead, a late claim, a release. Each path decides alike behind both
+// share), a claim ahead, a late claim, a release, a reservation of higher priority. Each path decides alike behind both
 // backlogs, every count is within maxCommands, and none grows with the backlog.
 func TestLimiter_AllowAt_boundedWork(t *testing.T) {
 	t.Parallel()
@@ -73,6 +73,16 @@ func TestLimiter_AllowAt_boundedWork(t *testing.T) {
 		c["release"] = commandsOf(t, rdb, func() {
 			if held, err := l.Release(context.Background(), "api:call", "R1002"); err != nil || !held {
 				t.Fatalf("release: %v %v", held, err)
+			}
+		})
+		c["priority"] = commandsOf(t, rdb, func() {
+			// Of priority 1 among reservations of 0, at t=1500 (the late claim's instant): it
+			// takes the first slot pending after now (at 2000) and the one there moves to the
+			// end of the backlog.
+			hi := req(2_000_000)
+			hi.Priority = 1
+			if d := allowAtV2(t, l, hi, 1_500); !d.Reserved || d.RetryAfter != 500*time.Millisecond {
+				t.Fatalf("priority: %+v", d)
 			}
 		})
 		counts[backlog] = c

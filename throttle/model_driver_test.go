@@ -127,9 +127,9 @@ func (op modelOp) String() string {
 	for _, q := range op.req.Quotas {
 		quotas = append(quotas, q.String())
 	}
-	return fmt.Sprintf("t=%d %s type=%q tenant=%q quotas=[%s] cost=%d member=%q token=%q w=%d wait=%v claim=%v timeout=%v -> %s",
+	return fmt.Sprintf("t=%d %s type=%q tenant=%q quotas=[%s] cost=%d member=%q token=%q w=%d p=%d wait=%v claim=%v timeout=%v -> %s",
 		op.at, op.why, op.req.Key.TaskType, op.req.Key.Tenant, strings.Join(quotas, " "), op.req.Cost, op.req.Member,
-		op.req.Reservation, op.req.Weight, op.req.MaxWait, op.req.ClaimWait, op.req.ClaimTimeout, op.decision)
+		op.req.Reservation, op.req.Weight, op.req.Priority, op.req.MaxWait, op.req.ClaimWait, op.req.ClaimTimeout, op.decision)
 }
 
 // pauseOp makes op, a pause or a resume, on the script and the model, and returns the TTLs
@@ -236,6 +236,9 @@ func (g *modelGen) waits(req *throttle.Request) {
 		req.ClaimTimeout = msDuration((1 + g.rng.Int64N(40)) * modelUnit)
 	}
 	req.Weight = modelWeights[req.Key.Tenant]
+	if g.rng.IntN(4) == 0 { // a task from a higher-priority queue (package worker's QueuePriority)
+		req.Priority = 1 + g.rng.IntN(3)
+	}
 	req.Holder = fmt.Sprintf("q%d/%s", g.rng.IntN(3), req.Reservation)
 }
 
@@ -449,7 +452,7 @@ func modelKeys(m *model, prefix string, taskType string, op modelOp) []string {
 	return slices.Sorted(maps.Keys(set))
 }
 
-var leaseCreated = regexp.MustCompile(`^(\d+:[a-z]+:)\d+:`)
+var leaseCreated = regexp.MustCompile(`^((?:p\d+:)?\d+:[a-z]+:)\d+:`)
 
 // checkKeys compares every observed key with the model.
 func checkKeys(fail func(string, ...any), m *model, prefix, taskType string, call observedCall, ttls modelTTLs, serverMS int64) {
@@ -484,7 +487,7 @@ func checkKeys(fail func(string, ...any), m *model, prefix, taskType string, cal
 	}
 	leases := map[string]string{}
 	for tok, l := range m.leases[taskType] {
-		leases[tok] = fmt.Sprintf("%d:%s:%d:%s%s", l.cost, l.scopes, len(l.holder), l.holder, l.tenant)
+		leases[tok] = l.String()
 	}
 	fair := []redis.Z{}
 	for tok, tag := range m.fairq[taskType] {
@@ -584,7 +587,7 @@ func TestLimiter_AllowAt_matchesModel(t *testing.T) {
 		}
 		for _, c := range []string{"admitted", "admittedAhead", "replay", "denied", "reserved", "heldNotDue",
 			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "fairSwap", "ghost", "candidate", "endSlot",
-			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume", "fresh"} {
+			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume", "fresh", "prioSwap", "prioAdmit", "fairSkipsPriority"} {
 			if total[c] == 0 {
 				t.Errorf("the fixed seeds never reach case %q: the model and the script are not compared there", c)
 			}
@@ -689,6 +692,7 @@ type modelStep struct {
 	member  string
 	token   string
 	weight  int
+	prio    int   // Priority
 	wait    int64 // MaxWait, ms
 	claim   int64 // ClaimWait, ms
 	timeout int64 // ClaimTimeout, ms
@@ -712,7 +716,7 @@ func checkSequence(t *testing.T, steps []modelStep) *model {
 	var trace []string
 	for i, s := range steps {
 		op := modelOp{req: throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: s.tenant}, Quotas: s.quotas,
-			Cost: s.cost, Member: s.member, Reservation: s.token, Weight: s.weight, MaxWait: msDuration(s.wait),
+			Cost: s.cost, Member: s.member, Reservation: s.token, Weight: s.weight, Priority: s.prio, MaxWait: msDuration(s.wait),
 			ClaimWait: msDuration(s.claim), ClaimTimeout: msDuration(s.timeout)}, at: s.at, why: "step", release: s.release,
 			pause: s.pause, resume: s.resume}
 		if op.req.Member == "" {

@@ -2,6 +2,7 @@ package throttle_test
 
 import (
 	"cmp"
+	"fmt"
 	"math"
 	"net/url"
 	"slices"
@@ -32,6 +33,7 @@ const (
 	modelKLapse = 8
 	modelKRenum = 32
 	modelKFair  = 8
+	modelKPrio  = 8
 	modelFair   = 1_000_000
 	modelBase   = 1 << 51 // sentinels score -2^51 + ...
 	modelTrim   = 8       // the script's K_TRIM
@@ -125,10 +127,20 @@ type modelState struct {
 
 // modelLease is a lease record, without its creation instant (the server's clock).
 type modelLease struct {
-	cost   int
-	scopes string // "t" and "y" in log order
-	holder string
-	tenant string // escaped
+	cost     int
+	scopes   string // "t" and "y" in log order
+	holder   string
+	tenant   string // escaped
+	priority int    // Request.Priority
+}
+
+// leaseString is the lease record as the script writes it, without its creation instant.
+func (l modelLease) String() string {
+	prio := ""
+	if l.priority > 0 {
+		prio = "p" + strconv.Itoa(l.priority) + ":"
+	}
+	return fmt.Sprintf("%s%d:%s:%d:%s%s", prio, l.cost, l.scopes, len(l.holder), l.holder, l.tenant)
 }
 
 // model is every log and per-type record, in memory.
@@ -436,7 +448,7 @@ type modelCall struct {
 	caller, now                    int64
 	token, holder, tenant, scopes  string
 	wait, claimWait, claimTimeout  int64
-	weight                         int
+	weight, priority               int
 	logs                           []*callLog
 	typeLog                        *callLog
 	quotas                         []*modelQuota
@@ -466,7 +478,8 @@ type modelTTLs map[string]int64
 func (m *model) decide(req throttle.Request, now int64) (modelDecision, modelTTLs) {
 	c := &modelCall{m: m, req: req, caller: now, token: req.Reservation, holder: req.Holder,
 		tenant: url.PathEscape(req.Key.Tenant), wait: req.MaxWait.Milliseconds(), claimWait: req.ClaimWait.Milliseconds(),
-		claimTimeout: req.ClaimTimeout.Milliseconds(), weight: max(req.Weight, 1), cost: max(req.Cost, 1)}
+		claimTimeout: req.ClaimTimeout.Milliseconds(), weight: max(req.Weight, 1), cost: max(req.Cost, 1),
+		priority: req.Priority}
 	if c.claimTimeout == 0 {
 		c.claimTimeout = throttle.DefaultClaimTimeout.Milliseconds()
 	}
@@ -497,10 +510,11 @@ func (m *model) decide(req throttle.Request, now int64) (modelDecision, modelTTL
 		c.quotaLog = append(c.quotaLog, cl)
 	}
 	// The script's fast path for one quota: a cost-1 event with nothing in ARGV[5] (no
-	// reservation, wait or claim timeout of its own) on a plain log (no weighted entry,
-	// nothing pending or ahead, no pause).
+	// reservation, wait, claim timeout or priority of its own) on a plain log (no weighted
+	// entry, nothing pending or ahead, no pause).
 	var fast bool
-	if len(c.quotas) == 1 && c.cost == 1 && c.token == "" && req.MaxWait == 0 && c.claimTimeout == throttle.DefaultClaimTimeout.Milliseconds() {
+	if len(c.quotas) == 1 && c.cost == 1 && c.token == "" && req.MaxWait == 0 && req.Priority == 0 &&
+		c.claimTimeout == throttle.DefaultClaimTimeout.Milliseconds() {
 		st := c.logs[0].st
 		fast = !st.flagC && !st.flagP && st.hiw <= st.hw && st.pause < 0
 	}
@@ -678,6 +692,20 @@ func (c *modelCall) run() modelOutcome {
 		}
 		return modelOutcome{allowed: true, at: t, admittedBinding: true, held: held}
 	}
+	// PRIORITY: the earliest slot in (now, t) a lower priority's reservation holds, among the
+	// first K_PRIO pending there; admitted for it within the horizon, else reserved below.
+	var pv *modelVictim
+	if c.priority > 0 && c.cost == 1 && c.token != "" {
+		pv = c.prioVictim(t)
+		if pv != nil && pv.s <= c.now+horizon {
+			m.notes["prioAdmit"]++
+			c.displace(pv, am)
+			if held {
+				c.fairClaimed()
+			}
+			return modelOutcome{allowed: true, at: pv.s, admittedBinding: true, held: held}
+		}
+	}
 	binding := c.denyingQuota()
 	if c.token == "" {
 		return modelOutcome{held: held, binding: binding, countAt: c.now, at: c.now, retry: t - c.caller}
@@ -690,7 +718,12 @@ func (c *modelCall) run() modelOutcome {
 		tag = max(v, last) + int64(math.Floor(float64(c.cost)*modelFair/float64(c.weight)+0.5))
 	}
 	placed := false
-	if c.typeLog != nil && c.cost == 1 {
+	if pv != nil {
+		m.notes["prioSwap"]++
+		c.displace(pv, "")
+		placed, t = true, pv.s
+	}
+	if !placed && c.typeLog != nil && c.cost == 1 {
 		placed = c.fairSwap(tag, t)
 		if placed {
 			c.m.notes["fairSwap"]++
@@ -702,7 +735,7 @@ func (c *modelCall) run() modelOutcome {
 			c.reserve(cl, pm, t)
 		}
 	}
-	c.leases[c.token] = modelLease{cost: c.cost, scopes: c.scopes, holder: c.holder, tenant: c.tenant}
+	c.leases[c.token] = modelLease{cost: c.cost, scopes: c.scopes, holder: c.holder, tenant: c.tenant, priority: c.priority}
 	c.horizon = 0
 	for _, cl := range c.logs {
 		c.horizon = max(c.horizon, max(t, cl.st.hiw)-c.now+cl.wmax+c.claimTimeout)
@@ -804,10 +837,7 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 		return false
 	}
 	first := slices.IndexFunc(pend, func(pm string) bool { return tl.st.pending[pm] == tl.st.pending[pend[rank]] })
-	var vpm string
-	var sv int64
-	var vlease modelLease
-	for i := first; i < len(pend) && i < first+modelKFair && vpm == ""; i++ {
+	for i := first; i < len(pend) && i < first+modelKFair; i++ {
 		s := tl.st.pending[pend[i]]
 		if s >= t {
 			break
@@ -816,24 +846,81 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 		if !ok || s <= c.now || !strings.HasPrefix(pend[i], "1:") || l.cost != 1 || l.scopes != c.scopes || l.tenant == c.tenant {
 			continue
 		}
-		room := true
-		for _, cl := range c.logs {
-			if cl != tl && room {
-				room = cl.fits(s, 1)
-			}
+		if l.priority > c.priority { // a fair rank never displaces a higher priority
+			c.m.notes["fairSkipsPriority"]++
+			continue
 		}
-		if room {
-			vpm, sv, vlease = pend[i], s, l
+		if c.roomFor(s, l.tenant) {
+			c.displace(&modelVictim{pm: pend[i], s: s, tenant: l.tenant}, "")
+			return true
 		}
 	}
-	if vpm == "" {
-		return false
+	return false
+}
+
+// modelVictim is a pending reservation an event takes the slot of: its P member, instant
+// and (escaped) tenant.
+type modelVictim struct {
+	pm     string
+	s      int64
+	tenant string
+}
+
+// roomFor: the event's logs that a reservation of tenant vt does not share (its tenant
+// logs, for another tenant's) have room for cost 1 at s.
+func (c *modelCall) roomFor(s int64, vt string) bool {
+	if vt == c.tenant {
+		return true
 	}
-	vtenant, _ := url.PathUnescape(vlease.tenant)
+	for _, cl := range c.logs {
+		if cl != c.typeLog && !cl.fits(s, 1) {
+			return false
+		}
+	}
+	return true
+}
+
+// prioVictim: among the first K_PRIO reservations pending in (now, t) on the type log (else
+// the event's only log, its tenant's), in P's order, the first of cost 1 with the event's
+// scopes and a lower priority where the event's other logs have room; nil if none.
+func (c *modelCall) prioVictim(t int64) *modelVictim {
+	pl := c.typeLog
+	if pl == nil {
+		pl = c.logs[0]
+	}
+	var pend []string
+	for pm, s := range pl.st.pending {
+		if s > c.now && s < t {
+			pend = append(pend, pm)
+		}
+	}
+	slices.SortFunc(pend, func(a, b string) int {
+		return cmp.Or(cmp.Compare(pl.st.pending[a], pl.st.pending[b]), strings.Compare(a, b))
+	})
+	for i, pm := range pend {
+		if i == modelKPrio {
+			break
+		}
+		l, ok := c.leases[pm[strings.IndexByte(pm, ':')+1:]]
+		if !ok || !strings.HasPrefix(pm, "1:") || l.cost != 1 || l.scopes != c.scopes || l.priority >= c.priority {
+			continue
+		}
+		if s := pl.st.pending[pm]; c.roomFor(s, l.tenant) {
+			return &modelVictim{pm: pm, s: s, tenant: l.tenant}
+		}
+	}
+	return nil
+}
+
+// displace gives the slot of v to the event: its admission admit, if not "", else its
+// reservation; v moves to its own earliest instant after now. v's logs are the type log
+// and its tenant's under the event's quotas (the event's own, for its tenant).
+func (c *modelCall) displace(v *modelVictim, admit string) {
+	vtenant, _ := url.PathUnescape(v.tenant)
 	vlogs := make([]*callLog, len(c.logs))
 	for j, cl := range c.logs {
-		if cl == tl {
-			vlogs[j] = tl
+		if cl == c.typeLog || v.tenant == c.tenant {
+			vlogs[j] = cl
 			continue
 		}
 		id := modelLogOf(throttle.Key{TaskType: c.req.Key.TaskType, Tenant: vtenant}, throttle.ScopeTenant)
@@ -842,14 +929,17 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 	}
 	pm := c.pendingName()
 	for j := range c.logs {
-		c.unreserve(vlogs[j], vpm)
-		c.reserve(c.logs[j], pm, sv)
+		c.unreserve(vlogs[j], v.pm)
+		if admit != "" {
+			c.m.put(c.logs[j], admit, v.s, 1)
+		} else {
+			c.reserve(c.logs[j], pm, v.s)
+		}
 	}
 	tv := earliest(vlogs, c.now, 1)
 	for j := range c.logs {
-		c.reserve(vlogs[j], vpm, tv)
+		c.reserve(vlogs[j], v.pm, tv)
 	}
-	return true
 }
 
 // reply turns an outcome into the decision, counting after the call's writes.

@@ -88,6 +88,13 @@ type Config struct {
 	// task woken WakeLead early arrives before its instant unless the workers are busy.
 	// New returns an error if it is negative.
 	ClaimTimeout time.Duration
+	// QueuePriority maps an asynq queue name to the priority of its tasks' reservations
+	// (throttle.Request.Priority, 0 to throttle.MaxPriority): a denied task of a higher
+	// priority takes the earliest slot held by a reservation of a lower one on its logs, and
+	// the task displaced waits for a later slot. QueuePriorities derives it from the
+	// asynq.Config.Queues weights. Ignored with NoReservations. Defaults to nil: every task
+	// has priority 0. New returns an error for a priority out of range.
+	QueuePriority map[string]int
 	// WeightFunc, if set, gives each tenant its share of a type-wide quota (ScopeType):
 	// tenants with waiting tasks get its slots in proportion to their weights, from 1 to
 	// throttle.MaxWeight. A weight set by Overrides (a tier's or the tenant's) wins over
@@ -177,6 +184,7 @@ type middleware struct {
 	lim          *throttle.Limiter
 	claimTimeout time.Duration
 	weight       func(throttle.Key) int
+	priority     map[string]int
 	limits       atomic.Pointer[limitSet] // Rules with the overrides in force
 	header       string
 	client       *asynq.Client
@@ -265,6 +273,10 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 		m.claimTimeout = max(m.lead, 0) + claimTimeoutMargin
 	}
 	m.weight = cfg.WeightFunc
+	if err := checkQueuePriority(cfg.QueuePriority); err != nil {
+		return nil, err
+	}
+	m.priority = cfg.QueuePriority
 	if m.log == nil {
 		m.log = slog.Default()
 	}
@@ -379,8 +391,8 @@ func (m *middleware) watch(next asynq.Handler, key throttle.Key, eff Effective) 
 }
 
 // request is the limiter's request for task, of key and cost, under eff: with the weight
-// of eff (a tier's or the tenant's), else WeightFunc's, and a reservation unless
-// NoReservations.
+// of eff (a tier's or the tenant's), else WeightFunc's, and a reservation (of its queue's
+// priority) unless NoReservations.
 func (m *middleware) request(ctx context.Context, task *asynq.Task, key throttle.Key, eff Effective, cost int) throttle.Request {
 	req := throttle.Request{Key: key, Quotas: eff.Rule.Quotas, Cost: cost, Member: throttle.NewMember(),
 		MaxWait: m.waitFor(ctx, m.maxWait), Weight: m.weightFor(key, eff)}
@@ -390,6 +402,7 @@ func (m *middleware) request(ctx context.Context, task *asynq.Task, key throttle
 		req.MaxWait = m.waitFor(ctx, min(NewcomerWait, m.maxWait))
 		req.ClaimWait = m.waitFor(ctx, m.maxWait)
 		req.ClaimTimeout = m.claimTimeout
+		req.Priority = m.priorityOf(ctx)
 	}
 	return req
 }

@@ -152,6 +152,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		TenantHeader:       cfg.TenantHeader,
 		Redis:              rdb,
 		FailOpen:           cfg.FailOpen,
+		QueuePriority:      worker.QueuePriorities(cfg.Queues), // a higher weight takes a lower one's reserved slot
 		Logger:             slog.New(slog.NewTextHandler(stderr, nil)),
 		Metrics:            metrics,
 		DecisionFunc:       act.decided,
