@@ -31,11 +31,13 @@ const DefaultTaskCheckInterval = 100 * time.Millisecond
 // still handle every other error:
 //
 //   - IsFailure is false for throttle.ErrDenied, ErrBackpressure and ErrUnavailable
-//     (asynq then keeps Retried and the failed count as they are); otherwise
-//     cfg.IsFailure, or asynq's default (every error is a failure).
+//     (asynq then keeps Retried and the failed count as they are), and for
+//     asynq.ErrLeaseExpired (see IsFailureFunc); otherwise cfg.IsFailure, or asynq's
+//     default (every error is a failure).
 //   - RetryDelayFunc waits until a denial's RetryAt (or a *BackpressureError's) rounded
-//     up to a whole second, and UnavailableRetryDelay for ErrUnavailable; otherwise
-//     cfg.RetryDelayFunc, or asynq.DefaultRetryDelayFunc.
+//     up to a whole second, UnavailableRetryDelay for ErrUnavailable, and nothing for
+//     asynq.ErrLeaseExpired (the task has already waited out its lease and the
+//     recoverer's scan); otherwise cfg.RetryDelayFunc, or asynq.DefaultRetryDelayFunc.
 //   - ErrorHandler is not called for denials, backpressure and deferrals; it is for
 //     everything else, ErrUnavailable included.
 //   - DelayedTaskCheckInterval defaults to DefaultDelayedTaskCheckInterval (500ms).
@@ -60,11 +62,23 @@ func WrapConfig(cfg asynq.Config) asynq.Config {
 }
 
 // IsFailureFunc returns an asynq.Config.IsFailure that is false for throttle.ErrDenied,
-// ErrBackpressure and ErrUnavailable, and otherwise asks fallback (nil: every non-nil
-// error is a failure, as asynq's default).
+// ErrBackpressure, ErrUnavailable and asynq.ErrLeaseExpired, and otherwise asks fallback
+// (nil: every non-nil error is a failure, as asynq's default).
+//
+// asynq.ErrLeaseExpired is the error asynq v0.26.0's recoverer retries a task with when
+// the worker that held it stopped extending its lease: killed (kill -9, OOM, a lost
+// node) or cut off from Redis. The recoverer consults IsFailure (recoverer.go, retry), so
+// a false here keeps Retried: a crashed worker costs no retry. It is also what a task
+// waiting in its handler for a slot ahead gets (it had not started its work), and
+// IsFailure cannot tell which task it is asked about: it applies to every task. So a task
+// whose own handler crashes its worker every time is never archived by its retries: it
+// is recovered and run again, once per lease scan (about every 1-2 minutes). To keep
+// asynq's rule for it, set your own IsFailure after WrapConfig, e.g.
+// cfg.IsFailure = func(err error) bool { return errors.Is(err, asynq.ErrLeaseExpired) || wrapped(err) }.
 func IsFailureFunc(fallback func(error) bool) func(error) bool {
 	return func(err error) bool {
-		if errors.Is(err, throttle.ErrDenied) || errors.Is(err, ErrBackpressure) || errors.Is(err, ErrUnavailable) {
+		if errors.Is(err, throttle.ErrDenied) || errors.Is(err, ErrBackpressure) || errors.Is(err, ErrUnavailable) ||
+			errors.Is(err, asynq.ErrLeaseExpired) {
 			return false
 		}
 		if fallback != nil {
@@ -78,7 +92,10 @@ func IsFailureFunc(fallback func(error) bool) func(error) bool {
 // *BackpressureError, returns the time from now until its RetryAt rounded up to a whole
 // second (asynq stores retry times as truncated whole seconds, so an unrounded delay could
 // bring the task back up to 1s early, to be denied again); for ErrUnavailable
-// UnavailableRetryDelay; and otherwise asks fallback (nil: asynq.DefaultRetryDelayFunc).
+// UnavailableRetryDelay; for asynq.ErrLeaseExpired 0 (asynq's recoverer finds a task only
+// 30s after its lease, itself up to 30s long, expired, scanning every minute: the task has
+// waited 55-120s already, and with Retried kept, see IsFailureFunc, asynq's default delay
+// would add 15-45s more); and otherwise asks fallback (nil: asynq.DefaultRetryDelayFunc).
 func RetryDelayFunc(fallback asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 	if fallback == nil {
 		fallback = asynq.DefaultRetryDelayFunc
@@ -102,6 +119,8 @@ func retryDelay(now time.Time, err error) (time.Duration, bool) {
 		return max(ceilSecond(bp.RetryAt).Sub(now), 0), true
 	case errors.Is(err, ErrUnavailable):
 		return UnavailableRetryDelay, true
+	case errors.Is(err, asynq.ErrLeaseExpired):
+		return 0, true
 	}
 	return 0, false
 }

@@ -36,6 +36,8 @@ var errorKinds = []struct {
 	{name: "Unavailable", err: fmt.Errorf("%w: %w", worker.ErrUnavailable, io.EOF), throttled: true},
 	{name: "Backpressure", err: fmt.Errorf("worker: the tenant's quota paused until x: call the API: %w",
 		&worker.BackpressureError{StatusCode: 429, RetryAfter: 3 * time.Second, RetryAt: time.Now().Add(3 * time.Second)}), throttled: true},
+	// What asynq's recoverer retries the task of a crashed worker with: no retry spent.
+	{name: "LeaseExpired", err: asynq.ErrLeaseExpired, throttled: true},
 	{name: "Other", err: errors.New("upstream 500"), throttled: false},
 	{name: "Rejected", err: fmt.Errorf("worker: rule %q: %w: %w", "x tenant=5/1m", worker.ErrBadCost, asynq.SkipRetry), throttled: false},
 }
@@ -90,6 +92,9 @@ func TestRetryDelayFunc(t *testing.T) {
 	for _, fb := range []asynq.RetryDelayFunc{nil, fallback} {
 		if d := worker.RetryDelayFunc(fb)(3, fmt.Errorf("%w: %w", worker.ErrUnavailable, io.EOF), task); d != worker.UnavailableRetryDelay {
 			t.Errorf("ErrUnavailable: delay %s, want %s", d, worker.UnavailableRetryDelay)
+		}
+		if d := worker.RetryDelayFunc(fb)(0, asynq.ErrLeaseExpired, task); d != 0 {
+			t.Errorf("ErrLeaseExpired: delay %s, want 0 (the recoverer found it 55-120s after the crash)", d)
 		}
 		// A denial 1.2s ahead waits until the next whole second after it: more than 1.2s
 		// minus the time this call takes, at most 2.2s.

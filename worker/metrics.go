@@ -114,7 +114,10 @@ type Metrics struct {
 	// from 100us to 2.5s.
 	ScriptDuration *prometheus.HistogramVec
 	// TasksWaiting is the number of tasks sitting out a Decision.Delay in their handler
-	// now, by task_type: each holds a worker slot (asynq.Config.Concurrency).
+	// now, by task_type: each holds a worker slot (asynq.Config.Concurrency) and, with
+	// Config.Concurrency set, one of its Concurrency - 1 waiting slots, so the sum over
+	// task types never exceeds that. (A task admitted without a waiting slot still sits
+	// out the few ms of its clock's skew, uncounted.)
 	// asynq_throttle_tasks_waiting.
 	TasksWaiting *prometheus.GaugeVec
 	// RedisErrors counts limiter calls that failed with a Redis error (unreachable,

@@ -54,8 +54,21 @@ type Config struct {
 	// the same event id, before it gives up on this attempt. The same id means a decision
 	// whose reply was lost is found again and not made twice: a task never takes a slot
 	// that it then does not use because of a lost reply shorter than this. Defaults to
-	// DefaultUnavailableWait; bounded by the task's deadline.
+	// DefaultUnavailableWait; bounded by the task's deadline. While the limiter is down
+	// only one task at a time keeps asking it so (the probe); the others whose decision
+	// needs the limiter are re-queued at once for UnavailableRetryDelay (or run, with
+	// FailOpen) without a call, so that the worker's slots stay free for tasks that need
+	// no limiter.
 	UnavailableWait time.Duration
+	// Concurrency is the asynq server's Config.Concurrency (the worker slots): at most
+	// Concurrency - 1 handlers then sit out a wait for a slot ahead (MaxWait, NewcomerWait)
+	// at any time, so that one worker slot at least is always left to tasks that can run
+	// now (other task types, tasks due now) and no burst of throttled tasks holds every slot
+	// hostage. A task that would wait when no waiting slot is free asks the limiter for now
+	// only: it runs if it can start at once, and otherwise is re-queued for its
+	// reservation (a denial, no retry spent), which it keeps. Defaults to 0: no bound, every
+	// worker slot may wait (before this field existed, the only behaviour).
+	Concurrency int
 	// NoReservations turns reservations off: a denied task is told to retry when the
 	// oldest entry it waits for leaves the window, the instant every task denied meanwhile
 	// is told too (the naive schedule, whose thundering herd cmd/throttlebench measures).
@@ -193,6 +206,8 @@ type middleware struct {
 	failOpen     bool
 	reserve      bool
 	maxWait      time.Duration // < 0: never wait in the handler
+	slots        waitSlots     // Concurrency - 1 handlers may wait; nil: any number
+	health       limiterHealth
 	lead         time.Duration
 	wait         time.Duration
 	log          *slog.Logger
@@ -234,6 +249,7 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 		failOpen:  cfg.FailOpen,
 		reserve:   !cfg.NoReservations,
 		maxWait:   cfg.MaxWait,
+		slots:     newWaitSlots(cfg.Concurrency),
 		lead:      cfg.WakeLead,
 		wait:      cfg.UnavailableWait,
 		log:       cfg.Logger,
@@ -340,8 +356,12 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 	if err != nil {
 		return m.reject(ctx, key, rule, err)
 	}
-	req := m.request(ctx, task, key, eff, cost)
+	slot := m.slots.take() // may wait for a slot ahead; given back after the wait
+	req := m.request(ctx, task, key, eff, cost, slot)
 	d, err := m.allow(ctx, req)
+	if slot && (err != nil || !d.Allowed) {
+		m.slots.give()
+	}
 	switch {
 	case errors.Is(err, throttle.ErrInvalid):
 		return m.reject(ctx, key, rule, err)
@@ -359,7 +379,7 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 		m.observe(ctx, task, key, d)
 	}
 	if d.Allowed {
-		return m.run(ctx, task, next, key, d)
+		return m.run(ctx, task, next, key, d, slot)
 	}
 	if reason := m.overdue(ctx, rule, d); reason != "" {
 		return m.giveUp(ctx, task, next, rule, req, reason)
@@ -392,15 +412,23 @@ func (m *middleware) watch(next asynq.Handler, key throttle.Key, eff Effective) 
 
 // request is the limiter's request for task, of key and cost, under eff: with the weight
 // of eff (a tier's or the tenant's), else WeightFunc's, and a reservation (of its queue's
-// priority) unless NoReservations.
-func (m *middleware) request(ctx context.Context, task *asynq.Task, key throttle.Key, eff Effective, cost int) throttle.Request {
+// priority) unless NoReservations. Only a task that holds a waiting slot (slot) may be
+// admitted for an instant ahead; without one, MaxWait and ClaimWait are 0: admitted for
+// now, else denied (a reservation it holds is kept, see waitSlots).
+func (m *middleware) request(ctx context.Context, task *asynq.Task, key throttle.Key, eff Effective, cost int, slot bool) throttle.Request {
+	wait := func(d time.Duration) time.Duration {
+		if !slot {
+			return 0
+		}
+		return m.waitFor(ctx, d)
+	}
 	req := throttle.Request{Key: key, Quotas: eff.Rule.Quotas, Cost: cost, Member: throttle.NewMember(),
-		MaxWait: m.waitFor(ctx, m.maxWait), Weight: m.weightFor(key, eff)}
+		MaxWait: wait(m.maxWait), Weight: m.weightFor(key, eff)}
 	if m.reserve {
 		req.Reservation = reservationID(ctx, task)
 		req.Holder = m.holder(ctx, task)
-		req.MaxWait = m.waitFor(ctx, min(NewcomerWait, m.maxWait))
-		req.ClaimWait = m.waitFor(ctx, m.maxWait)
+		req.MaxWait = wait(min(NewcomerWait, m.maxWait))
+		req.ClaimWait = wait(m.maxWait)
 		req.ClaimTimeout = m.claimTimeout
 		req.Priority = m.priorityOf(ctx)
 	}
@@ -432,29 +460,41 @@ func (m *middleware) weightFor(key throttle.Key, eff Effective) int {
 // the others'. So the task also waits out how far this clock was ahead (Decision.Skew, if
 // positive and read: ServerTime set, no SkewFallback): it starts at its logged instant on
 // Redis's clock, which every worker's admissions agree with.
-func (m *middleware) run(ctx context.Context, task *asynq.Task, next asynq.Handler, key throttle.Key, d throttle.Decision) error {
+//
+// slot says that the task holds a waiting slot (see waitSlots): run gives it back when the
+// wait is over, before the handler starts. A task without one was asked for now only, so
+// its Delay is at most the few ms by which its clock is behind the log's; it sits that
+// and its skew out all the same (starting earlier would break the window), uncounted in
+// TasksWaiting, which counts the holders of waiting slots.
+func (m *middleware) run(ctx context.Context, task *asynq.Task, next asynq.Handler, key throttle.Key, d throttle.Decision, slot bool) error {
 	wait := d.Delay
 	if !d.ServerTime.IsZero() && !d.SkewFallback && d.Skew() > 0 {
 		wait += d.Skew()
 	}
+	if d.Delay > 0 {
+		m.metrics.delayed(key, OutcomeWaited, d.Delay)
+	} else {
+		m.metrics.count(key, OutcomeAdmitted)
+	}
 	if wait > 0 {
-		if d.Delay > 0 {
-			m.metrics.delayed(key, OutcomeWaited, d.Delay)
-		} else {
-			m.metrics.count(key, OutcomeAdmitted)
+		if slot {
+			m.metrics.waiting(key.TaskType, 1)
 		}
-		m.metrics.waiting(key.TaskType, 1)
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
-			m.metrics.waiting(key.TaskType, -1)
 		case <-ctx.Done():
 			t.Stop()
-			m.metrics.waiting(key.TaskType, -1)
-			return ctx.Err()
 		}
-	} else {
-		m.metrics.count(key, OutcomeAdmitted)
+		if slot {
+			m.metrics.waiting(key.TaskType, -1)
+			m.slots.give()
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	} else if slot {
+		m.slots.give()
 	}
 	return next.ProcessTask(context.WithValue(ctx, decisionKey{}, d), task)
 }
@@ -568,8 +608,17 @@ func reservationID(ctx context.Context, task *asynq.Task) string {
 // allow asks the limiter, and while it cannot answer (a Redis error, not ErrInvalid) asks
 // again with the same request, so the same event id, for up to m.wait and never past
 // ctx's deadline: a decision made by a call whose reply was lost is then found and
-// reported again (Decision.Replay), not made a second time.
+// reported again (Decision.Replay), not made a second time. Only one task at a time asks
+// a limiter whose Redis is failing (see limiterHealth): any other returns errProbing at
+// once, before or after its first call. A task that gives up so after a call whose reply
+// was lost leaves the slot that call may have taken unused until it leaves the window:
+// the limit is never exceeded, a slot may be lost.
 func (m *middleware) allow(ctx context.Context, req throttle.Request) (throttle.Decision, error) {
+	call, probe := m.health.enter()
+	if !call {
+		return throttle.Decision{}, errProbing
+	}
+	defer func() { m.health.leave(probe) }()
 	giveUp := m.now().Add(m.wait)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(giveUp) {
 		giveUp = dl
@@ -580,7 +629,14 @@ func (m *middleware) allow(ctx context.Context, req throttle.Request) (throttle.
 		start := time.Now()
 		d, err := m.lim.Allow(ctx, req)
 		m.metrics.called(req.Key.TaskType, CallAllow, start, err)
-		if err == nil || errors.Is(err, throttle.ErrInvalid) || !m.now().Add(backoff).Before(giveUp) {
+		if errors.Is(err, throttle.ErrInvalid) { // sent nothing to Redis
+			return d, err
+		}
+		if err == nil {
+			m.health.ok()
+			return d, nil
+		}
+		if !m.health.failed(ctx, &probe) || !m.now().Add(backoff).Before(giveUp) {
 			return d, err
 		}
 		req.Fresh = false // the script may have decided it: a repeat is looked for

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/producer"
@@ -23,7 +24,8 @@ import (
 // TestRedisOutage stops the one Redis that asynq and the limiter share while 2 tenants x
 // 20 tasks run under "tenant=5/1s", restarts it 2s later (AOF, fsync always: nothing
 // acknowledged is lost), and checks that no task is lost or archived, that the decisions
-// asked for during the outage were made once Redis was back (not given up), and that
+// asked for during the outage were made once Redis was back (by the one task that probed
+// it meanwhile, or after the others' re-queue), and that
 // every admission the limiter recorded belongs to a handler run, and every run to an
 // admission.
 //
@@ -156,6 +158,20 @@ func TestRedisOutage(t *testing.T) {
 	waitUntil(t, 10*time.Second, "the shared client reaches Redis again", func() bool {
 		return rdb.Ping(context.Background()).Err() == nil
 	})
+	// The one task probing the limiter (the others were re-queued at once) is decided once
+	// its next attempt reaches Redis, within its backoff (<= 1s); until then the limiter
+	// is down for the middleware, and the tasks asynq would dequeue next would be
+	// re-queued too. Let it see Redis first, so that the count below is exact.
+	waitUntil(t, 10*time.Second, "the probe is decided", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, at := range firstDecision {
+			if !at.Before(restartedAt) {
+				return true
+			}
+		}
+		return false
+	})
 	close(restarted)
 	t.Logf("Redis stopped after %d handler runs with %d tasks about to ask the limiter; restarted 2s later", ranBefore, pausedAtStop)
 	if ranBefore < firstWave/2 || pausedAtStop < 1 {
@@ -183,10 +199,11 @@ func TestRedisOutage(t *testing.T) {
 	if qi.Archived != 0 || qi.Completed != len(ids) {
 		t.Errorf("queue: %d completed, %d archived; want %d completed, none archived", qi.Completed, qi.Archived, len(ids))
 	}
-	// The decisions asked for during the outage were retried until Redis came back, not
-	// given up (UnavailableWait 5s > the outage).
-	if got := toFloat64(t, metrics.Decisions.WithLabelValues(taskType, worker.OutcomeUnavailable)); got != 0 {
-		t.Errorf("%g decisions given up as unavailable, want 0", got)
+	// Of the tasks that asked the limiter during the outage, one (the probe) kept asking
+	// until Redis came back (UnavailableWait 5s > the outage); the others were re-queued
+	// at once, as unavailable, and decided when they came back.
+	if got, want := toFloat64(t, metrics.Decisions.WithLabelValues(taskType, worker.OutcomeUnavailable)), float64(pausedAtStop-1); got != want {
+		t.Errorf("%g decisions given up as unavailable, want %g (all but the probe of the %d that asked during the outage)", got, want, pausedAtStop)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -451,4 +468,175 @@ func TestLimiterDown(t *testing.T) {
 			t.Logf("%s outcomes: %s", typ, fmtOutcomes(got))
 		}
 	})
+}
+
+// inFlight is a go-redis hook that counts the commands in flight on a client (a command
+// is in flight from its call to its reply or error, go-redis's own retries included), and
+// the most in flight at once among those that started after the first command failed
+// while counting was on: the middleware can only learn that Redis is down from a failed
+// call, so the calls already in flight then (up to one per worker slot) are not its doing.
+type inFlight struct {
+	on, failed atomic.Bool
+	late, most atomic.Int32
+}
+
+func (h *inFlight) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *inFlight) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		defer h.enter()()
+		return next(ctx, cmd)
+	}
+}
+
+func (h *inFlight) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		defer h.enter()()
+		return next(ctx, cmds)
+	}
+}
+
+// enter counts a command that starts; the func it returns counts its end.
+func (h *inFlight) enter() func() {
+	if !h.on.Load() {
+		return func() {}
+	}
+	if !h.failed.Load() {
+		return func() { h.failed.Store(true) } // a command in flight at the outage's start: it fails
+	}
+	n := h.late.Add(1)
+	for m := h.most.Load(); n > m && !h.most.CompareAndSwap(m, n); m = h.most.Load() {
+	}
+	return func() { h.late.Add(-1) }
+}
+
+// TestLimiterDown_probe is issue 9's capability 5b: with the limiter on its own Redis
+// stopped for 30 s, 1000 "api:call" tasks (rule "tenant=5000/1s", which never binds: this
+// is about the outage, not the throttle) and 1000 unruled
+// "report:build" tasks, enqueued interleaved once it is down, on a server of Concurrency
+// 10 (worker.Config.Concurrency 10). Each handler works 5ms. Then:
+//   - all 1000 report:build tasks complete during the outage (the issue asks >= 990): at
+//     most one task at a time asks the dead limiter (the probe, for up to UnavailableWait),
+//     every other api:call is re-queued at once for UnavailableRetryDelay, so 9 worker slots
+//     or more are left to report:build, whose 1000 x 5ms take about 0.6 s on them;
+//   - once a call has failed, at most 1 command at a time is in flight to the limiter's
+//     Redis during the outage (a go-redis hook on its client counts them; the sweep, which
+//     would also ask it, is off); before, each worker slot's task may have asked it;
+//   - no api:call runs during the outage (fail closed), none is archived, and none spends
+//     a retry (Retried 0 on every completed task);
+//   - all 1000 api:call tasks complete within 30 s of the limiter's return: each comes back
+//     within UnavailableRetryDelay (5 s) plus the forwarder, and is admitted at once.
+func TestLimiterDown_probe(t *testing.T) {
+	t.Parallel()
+	const (
+		n       = 1000
+		outage  = 30 * time.Second
+		work    = 5 * time.Millisecond
+		limited = "api:call"
+		free    = "report:build"
+	)
+	rdb := redistest.Start(t)
+	limSrv := redistest.StartServer(t)
+	limRdb := limSrv.Client()
+	hook := &inFlight{}
+	limRdb.AddHook(hook)
+	lim := newLimiter(t, limRdb)
+	mw, err := worker.New(lim, worker.Config{
+		Rules:         mustRules(t, limited+" tenant=5000/1s"),
+		Redis:         rdb,
+		Concurrency:   10,
+		SweepInterval: -1,
+		Logger:        slog.New(slog.NewTextHandler(&syncBuffer{}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	done := map[string][]time.Time{} // task type -> the instants its handlers returned
+	var callsStarted []time.Time
+	runAsynq(t, rdb, mw, func(_ context.Context, task *asynq.Task) error {
+		if task.Type() == limited {
+			mu.Lock()
+			callsStarted = append(callsStarted, time.Now())
+			mu.Unlock()
+		}
+		time.Sleep(work)
+		mu.Lock()
+		done[task.Type()] = append(done[task.Type()], time.Now())
+		mu.Unlock()
+		return nil
+	}, func(c *asynq.Config) { c.Concurrency = 10 })
+
+	limSrv.Stop()
+	hook.on.Store(true)
+	stoppedAt := time.Now()
+	client := asynq.NewClientFromRedisClient(rdb)
+	for i := range n {
+		if _, err := producer.Enqueue(context.Background(), client, limited, []byte(fmt.Sprint(i)), "acme", asynq.Retention(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.Enqueue(asynq.NewTask(free, []byte(fmt.Sprint(i))), asynq.Retention(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(time.Until(stoppedAt.Add(outage)))
+	hook.on.Store(false)
+	limSrv.Restart()
+	restartedAt := time.Now()
+
+	count := func(typ string, before time.Time) int {
+		mu.Lock()
+		defer mu.Unlock()
+		k := 0
+		for _, at := range done[typ] {
+			if at.Before(before) {
+				k++
+			}
+		}
+		return k
+	}
+	if got := count(free, restartedAt); got != n {
+		t.Errorf("%d %s tasks completed during the %s outage, want %d", got, free, outage, n)
+	}
+	mu.Lock()
+	for _, at := range callsStarted {
+		if at.Before(restartedAt) {
+			t.Errorf("%s ran at %s, during the outage (fail closed: it must not run)", limited, at.Format("15:04:05.000"))
+		}
+	}
+	mu.Unlock()
+	if got := hook.most.Load(); got != 1 {
+		t.Errorf("at most %d commands in flight at once to the limiter's Redis after the first failed, want 1 (one probe)", got)
+	}
+
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("queue at the end: %+v", queueInfo(insp))
+		}
+	})
+	waitUntil(t, 30*time.Second, "every task completed after the limiter came back", func() bool {
+		qi := queueInfo(insp)
+		return qi.Completed+qi.Archived == 2*n && qi.Pending+qi.Active+qi.Scheduled+qi.Retry == 0
+	})
+	t.Logf("%d %s tasks done %s after the limiter came back", n, limited, time.Since(restartedAt).Round(100*time.Millisecond))
+	if qi := queueInfo(insp); qi.Archived != 0 || qi.Completed != 2*n {
+		t.Errorf("queue: %d completed, %d archived; want %d completed, none archived", qi.Completed, qi.Archived, 2*n)
+	}
+	if got := count(limited, time.Now().Add(time.Hour)); got != n {
+		t.Errorf("%s ran %d times, want %d (each once)", limited, got, n)
+	}
+	retried := 0
+	for page := 1; page <= 2*n/500; page++ {
+		tasks, err := insp.ListCompletedTasks("default", asynq.PageSize(500), asynq.Page(page))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ti := range tasks {
+			retried += ti.Retried
+		}
+	}
+	if retried != 0 {
+		t.Errorf("the completed tasks spent %d retries in all, want 0", retried)
+	}
 }

@@ -52,7 +52,7 @@ func TestRequestWeight(t *testing.T) {
 		if !ok {
 			t.Fatalf("no rule for %+v", key)
 		}
-		req := m.request(context.Background(), asynq.NewTask("w:call", nil), key, eff, 1)
+		req := m.request(context.Background(), asynq.NewTask("w:call", nil), key, eff, 1, true)
 		if req.Weight != tc.want {
 			t.Errorf("tenant %s (WeightFunc set: %t): Weight %d, want %d", tc.tenant, tc.weightFunc != nil, req.Weight, tc.want)
 		}

@@ -34,7 +34,7 @@ func (m *middleware) shadow(ctx context.Context, task *asynq.Task, next asynq.Ha
 		return next.ProcessTask(ctx, task)
 	}
 	req := throttle.Request{Key: key, Quotas: rule.Quotas, Cost: cost, Member: throttle.NewMember(), Weight: m.weightFor(key, eff)}
-	d, err := m.lim.Allow(ctx, req)
+	d, err := m.shadowAllow(ctx, req)
 	switch {
 	case errors.Is(err, throttle.ErrInvalid):
 		m.wouldThrottle(ctx, key, rule, "it would be archived: "+err.Error(), nil)
@@ -106,4 +106,23 @@ func (l *shadowLogger) take(taskType string, now time.Time) (skipped int, ok boo
 	}
 	skipped, st.skipped, st.next = st.skipped, 0, now.Add(shadowLogInterval)
 	return skipped, true
+}
+
+// shadowAllow asks the limiter once for a shadow rule's task, unless its Redis is failing
+// and another task is probing it (limiterHealth): then it returns errProbing at once.
+func (m *middleware) shadowAllow(ctx context.Context, req throttle.Request) (throttle.Decision, error) {
+	call, probe := m.health.enter()
+	if !call {
+		return throttle.Decision{}, errProbing
+	}
+	defer func() { m.health.leave(probe) }()
+	d, err := m.lim.Allow(ctx, req)
+	switch {
+	case errors.Is(err, throttle.ErrInvalid):
+	case err == nil:
+		m.health.ok()
+	default:
+		m.health.failed(ctx, &probe)
+	}
+	return d, err
 }

@@ -151,6 +151,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Rules:              cfg.Rules,
 		TenantHeader:       cfg.TenantHeader,
 		Redis:              rdb,
+		Concurrency:        cfg.Concurrency, // at most WORKER_CONCURRENCY - 1 handlers wait for a slot ahead
 		FailOpen:           cfg.FailOpen,
 		QueuePriority:      worker.QueuePriorities(cfg.Queues), // a higher weight takes a lower one's reserved slot
 		Logger:             slog.New(slog.NewTextHandler(stderr, nil)),

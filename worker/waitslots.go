@@ -1,0 +1,45 @@
+package worker
+
+// waitSlots bounds the handlers that sit out a wait for a slot ahead in the middleware
+// (Config.Concurrency - 1 of them), so that at least one worker slot of the asynq server
+// is always left to tasks that can run now: unruled tasks, and ruled ones due now. A nil
+// waitSlots (Concurrency 0) bounds nothing.
+//
+// A task takes a waiting slot, if one is free, before it asks the limiter: only then may
+// the limiter admit it for a slot ahead (throttle.Request.MaxWait, ClaimWait). Without
+// one it asks for now only: it is admitted if it can start at once, and otherwise denied,
+// keeping its reservation if it came back for one (the script denies a claim ahead of
+// ClaimWait writing nothing), and re-queued for it. So the limiter never logs an
+// admission for an instant ahead that the task then cannot wait for: its slot is never
+// lost, and the window log stays exact.
+type waitSlots chan struct{}
+
+// newWaitSlots returns the waiting slots of an asynq server of concurrency workers: one
+// less than them (none for one worker), or nil, no bound, for concurrency <= 0.
+func newWaitSlots(concurrency int) waitSlots {
+	if concurrency <= 0 {
+		return nil
+	}
+	return make(waitSlots, concurrency-1)
+}
+
+// take takes a waiting slot if one is free, without blocking, and reports whether it did
+// (always true without a bound). Each take that returned true is followed by one give.
+func (s waitSlots) take() bool {
+	if s == nil {
+		return true
+	}
+	select {
+	case s <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// give gives back a slot that take took.
+func (s waitSlots) give() {
+	if s != nil {
+		<-s
+	}
+}
