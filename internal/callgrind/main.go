@@ -8,8 +8,9 @@
 //
 //	go run ./internal/callgrind -n 300 -backlog 3000
 //
-// -only a,d runs PING, the seed rows and the named cases only. It prints instructions per
-// call and their ratios to the matching seed row and to PING.
+// -only a,d runs PING, the seed rows and the named cases only (a to e, and claim: a
+// reservation claimed on time). It prints instructions per call and their ratios to the
+// matching seed row and to PING.
 package main
 
 import (
@@ -35,7 +36,7 @@ import (
 var (
 	calls   = flag.Int("n", 400, "calls per case")
 	backlog = flag.Int("backlog", 10000, "reservations waiting on the type log of case e")
-	only    = flag.String("only", "", "comma-separated cases to run (a-e); empty: all")
+	only    = flag.String("only", "", "comma-separated cases to run (a-e, claim); empty: all")
 	dir     = flag.String("dir", filepath.Join(os.TempDir(), "callgrind-throttle"), "directory for callgrind's dumps (emptied first)")
 )
 
@@ -223,6 +224,28 @@ func main() {
 		clock.Add(1)
 		if !must(lim.Allow(ctx, ereq())).Reserved {
 			fatalf("case e not reserved: a wrong outcome")
+		}
+	})
+	// claim, not a row of the benchmark: a task claiming its reservation on time, as each
+	// throttled task does once after its denial. The window is full and n reservations
+	// wait; each timed call claims the earliest, at its instant.
+	ck := throttle.Key{TaskType: "claim", Tenant: "hot"}
+	var claimAt []int64
+	run("claim", func() {
+		for i := 0; i < 100; i++ {
+			must(lim.Allow(ctx, throttle.Request{Key: ck, Quotas: hot.Quotas}))
+		}
+		for i := 0; i < *calls; i++ {
+			d := must(lim.Allow(ctx, throttle.Request{Key: ck, Quotas: hot.Quotas, Reservation: "f" + strconv.Itoa(i)}))
+			if !d.Reserved {
+				fatalf("case claim: reservation %d not reserved: a wrong outcome", i)
+			}
+			claimAt = append(claimAt, clock.Load()+d.RetryAfter.Milliseconds())
+		}
+	}, func(i int) {
+		clock.Store(claimAt[i])
+		if d := must(lim.Allow(ctx, throttle.Request{Key: ck, Quotas: hot.Quotas, Reservation: "f" + strconv.Itoa(i)})); !d.Allowed || !d.Held {
+			fatalf("case claim: claim %d: %+v, want admitted, held: a wrong outcome", i, d)
 		}
 	})
 	fmt.Printf("%-10s %10s %8s %8s\n", "case", "Ir/call", "x_seed", "x_ping")
