@@ -13,7 +13,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+	"github.com/asynq-throttle/asynq-throttle/lua"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -30,26 +32,31 @@ import (
 // slot of each one's hash tag (CRC16 of the escaped task type mod 16384), and which
 // master of a 3-master cluster serves it (slots 0-5460, 5461-10922, 10923-16383). The
 // names are chosen so that every master serves some: 3, 4 and 3 of them.
-var clusterTypes = []struct {
-	name   string
-	slot   int64
-	master int // index in redistest.Cluster.Addrs
-}{
+var clusterTypes = []clusterType{
 	{"email:send", 3650, 0}, {"sms:send", 3424, 0}, {"llm:complete", 3658, 0},
 	{"webhook:deliver", 8627, 1}, {"image:resize", 8094, 1}, {"search:index", 9559, 1}, {"export:csv", 7618, 1},
 	{"pdf:render", 16005, 2}, {"payment:charge", 12592, 2}, {"video:transcode", 15271, 2},
 }
 
+// clusterType is a task type of clusterTypes.
+type clusterType struct {
+	name   string
+	slot   int64
+	master int // index in redistest.Cluster.Addrs
+}
+
 // The rounds of events every test below drives, per limiter: in each round, at one
 // instant, 2 events of each of 20 tenants of each of the 10 task types, all at once,
-// under tenant=3/10s and type=50/10s.
+// under tenant=3/1m and type=50/1m. The window is a minute, though the rounds' instants
+// are given, because keys expire by the server's clock a window after their newest
+// entry: a test's real time (under 20s) must stay well inside it.
 const (
 	changeTenants = 20
 	changeEvents  = 2
-	changeWindow  = 10 * time.Second
+	changeWindow  = time.Minute
 	// changeDeadline bounds how long an event is retried: the slowest change, a primary
 	// killed with a node timeout of 1s, is over in about 3s (README.md, Redis Cluster).
-	changeDeadline = 40 * time.Second
+	changeDeadline = 20 * time.Second
 )
 
 var changeQuotas = []throttle.Quota{tenantQuota(3, changeWindow), typeQuota(50, changeWindow)}
@@ -58,10 +65,10 @@ var changeQuotas = []throttle.Quota{tenantQuota(3, changeWindow), typeQuota(50, 
 // order its events are decided in, since a denial takes nothing from either quota:
 //   - t=0: every tenant gets its 2 (40 of the type's 50).
 //   - t=1000: each tenant has 1 left, the type 10, so 10 of the 20 tenants get one; all
-//     other events are denied until t=10000, when t=0's 40 leave the type's window (and
-//     a tenant full at 3 has its first two from t=0 leave too): retry after 9000 ms.
-//   - t=2000: the type is full (50): all denied, retry after 8000 ms, for the same reason.
-//   - t=10000: t=0's entries have left; the type has 40 left (t=1000's 10 still count),
+//     other events are denied until t=60000, when t=0's 40 leave the type's window (and
+//     a tenant full at 3 has its first two from t=0 leave too): retry after 59000 ms.
+//   - t=2000: the type is full (50): all denied, retry after 58000 ms, for the same reason.
+//   - t=60000: t=0's entries have left; the type has 40 left (t=1000's 10 still count),
 //     each tenant 2 or 3, so all 40 are admitted.
 //
 // If a change lost an admission, a later round would admit more than this; if it made
@@ -70,7 +77,7 @@ var changeRounds = []struct {
 	at         int64 // ms
 	admitted   int   // per task type
 	retryAfter time.Duration
-}{{0, 40, 0}, {1000, 10, 9000 * time.Millisecond}, {2000, 0, 8000 * time.Millisecond}, {10000, 40, 0}}
+}{{0, 40, 0}, {1000, 10, 59 * time.Second}, {2000, 0, 58 * time.Second}, {60000, 40, 0}}
 
 // changeEvent is one event of a round and what became of it.
 type changeEvent struct {
@@ -428,5 +435,119 @@ func TestLimiter_ClusterReshard(t *testing.T) {
 		if err != nil || got != want {
 			t.Errorf("CLUSTER COUNTKEYSINSLOT %d on %s = %d, %v; want %d", moved.slot, addr, got, err, want)
 		}
+	}
+}
+
+// TestLimiter_ClusterPrimaryKilled kills the first master of a 3-master cluster with a
+// replica each (cluster-node-timeout 1s) between rounds 1 and 2, its replica in sync
+// first (WaitReplicated: without synchronous replication, an admission the master had
+// acknowledged but not yet sent would be lost with it). Round 2 starts at once: the
+// events of the 3 task types it served fail (connection refused, then CLUSTERDOWN on
+// every master while a slot has no master) until the replica is promoted; then they are
+// decided there, and since the replica holds rounds 0 and 1, exactly as changeRounds
+// says. Rounds 2 and 3 are then exactly changeRounds', on every master.
+func TestLimiter_ClusterPrimaryKilled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cluster := redistest.StartClusterWith(t, redistest.ClusterConfig{Masters: 3, ReplicasPerMaster: 1, NodeTimeout: time.Second})
+	// The slot map reloaded each second, as cmd/worker's client does: go-redis's default
+	// (60s) kept this client at the dead address for 55s (redisenv.ClusterStateReloadInterval).
+	r := newChangeRun(t, cluster.ClientWith(&redis.ClusterOptions{ClusterStateReloadInterval: redisenv.ClusterStateReloadInterval}), true)
+	r.start(0).wait()
+	r.start(1).wait()
+	if err := cluster.WaitReplicated(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dead := cluster.Addrs[0]
+	killed := time.Now()
+	cluster.Kill(dead)
+	r2 := r.start(2)
+	wctx, cancel := context.WithTimeout(ctx, changeDeadline)
+	defer cancel()
+	promoted, err := cluster.WaitPromoted(wctx, dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	promotedAfter := time.Since(killed)
+	r2.wait()
+	decidedAfter := time.Since(killed)
+	r.start(3).wait()
+	seen, events := r.errorsSeen("connection refused", "CLUSTERDOWN", "MOVED")
+	t.Logf("replica %s promoted %v after the kill; round 2 all decided %v after it; %d events got errors (%v), %d replays",
+		promoted, promotedAfter.Round(time.Millisecond), decidedAfter.Round(time.Millisecond), events, seen, r.replays())
+	// Round 2's first attempts come within milliseconds of the kill, and no replica can be
+	// promoted before the node timeout (1s): every event of the dead master's 3 types (240,
+	// for both limiters) failed at least once, and none was decided by the dead master.
+	for _, ev := range r.events[2] {
+		onDead := slices.ContainsFunc(clusterTypes, func(ct clusterType) bool { return ct.name == ev.taskType && ct.master == 0 })
+		if onDead && len(ev.errs) == 0 {
+			t.Errorf("%s %s/%s round 2: decided without an error, while its master was dead", ev.lim, ev.taskType, ev.tenant)
+		}
+	}
+}
+
+// TestLimiter_ClusterScriptFlush flushes the script cache of every node (3 masters, a
+// replica each) before round 1, and again and again while round 2 is decided: an
+// EVALSHA then answers NOSCRIPT and go-redis's Script.Run sends the script itself
+// (EVAL), so nothing reaches the caller and the rounds are exactly changeRounds'. After
+// round 1 every master has the script again (SCRIPT EXISTS), loaded by that EVAL.
+func TestLimiter_ClusterScriptFlush(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cluster := redistest.StartClusterWith(t, redistest.ClusterConfig{Masters: 3, ReplicasPerMaster: 1})
+	r := newChangeRun(t, cluster.Client(), true)
+	r.start(0).wait()
+	exists := func() []bool {
+		t.Helper()
+		var got []bool
+		for _, addr := range cluster.Addrs {
+			n := redis.NewClient(&redis.Options{Addr: addr})
+			e, err := n.ScriptExists(ctx, lua.SlidingWindow.Hash()).Result()
+			n.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, e[0])
+		}
+		return got
+	}
+	if n, err := cluster.ScriptFlush(ctx); err != nil || n != 6 {
+		t.Fatalf("ScriptFlush = %d, %v; want 6 nodes", n, err)
+	}
+	if got := exists(); !slices.Equal(got, []bool{false, false, false}) {
+		t.Fatalf("SCRIPT EXISTS on the masters after SCRIPT FLUSH: %v, want none", got)
+	}
+	r.start(1).wait()
+	if got := exists(); !slices.Equal(got, []bool{true, true, true}) {
+		t.Errorf("SCRIPT EXISTS on the masters after round 1: %v, want all: each reloaded by an EVAL", got)
+	}
+	// Flushes back to back from before round 2 starts until it ends.
+	stop, flushed := make(chan struct{}), make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				flushed <- n
+				return
+			default:
+			}
+			if _, err := cluster.ScriptFlush(ctx); err != nil {
+				t.Error(err)
+			}
+			n++
+		}
+	}()
+	time.Sleep(10 * time.Millisecond)
+	r2 := r.start(2)
+	<-r2.done
+	close(stop)
+	flushes := <-flushed
+	r2.wait()
+	r.start(3).wait()
+	_, events := r.errorsSeen()
+	t.Logf("%d flushes of all 6 nodes around round 2", flushes)
+	if events != 0 {
+		t.Errorf("%d events got an error; want none: NOSCRIPT is go-redis's to handle", events)
 	}
 }
