@@ -551,3 +551,104 @@ func TestLimiter_ClusterScriptFlush(t *testing.T) {
 		t.Errorf("%d events got an error; want none: NOSCRIPT is go-redis's to handle", events)
 	}
 }
+
+// TestLimiter_ClusterKeyLayout writes the logs of 1,000 tenants in each of the 10 task
+// types of clusterTypes (one admission each at t=0 under tenant=1/1m and type=1000/1m, all
+// 10,000 admitted) on a 3-master cluster, and lists where every key landed: each of the
+// 10,010 keys (10 x (1,000 tenant logs + 1 type log)) has its type's slot (CLUSTER KEYSLOT),
+// is found by SCAN on the master that serves that slot and on no other, and
+// CLUSTER COUNTKEYSINSLOT of each type's slot on its master is 1,001. The masters hold
+// 3,003, 4,004 and 3,003 keys (DBSIZE): 3, 4 and 3 task types.
+func TestLimiter_ClusterKeyLayout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cluster := redistest.StartCluster(t, 3)
+	rdb := cluster.Client()
+	l := clusterNew(t, rdb, throttle.Config{})
+	const tenants = 1000
+	quotas := []throttle.Quota{tenantQuota(1, time.Minute), typeQuota(tenants, time.Minute)}
+
+	work := make(chan throttle.Key)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := 0
+	for range 32 {
+		wg.Go(func() {
+			for key := range work {
+				d, err := l.AllowAt(ctx, throttle.Request{Key: key, Quotas: quotas}, ms(0))
+				if err != nil || !d.Allowed {
+					t.Errorf("%s/%s: %s, %v; want admitted", key.TaskType, key.Tenant, outcomeOf(d), err)
+					continue
+				}
+				mu.Lock()
+				admitted++
+				mu.Unlock()
+			}
+		})
+	}
+	for _, ct := range clusterTypes {
+		for i := range tenants {
+			work <- throttle.Key{TaskType: ct.name, Tenant: fmt.Sprintf("tenant-%04d", i)}
+		}
+	}
+	close(work)
+	wg.Wait()
+	if admitted != 10*tenants {
+		t.Fatalf("%d admitted, want %d", admitted, 10*tenants)
+	}
+
+	wantOn := map[string][]string{} // master addr -> the keys it must hold, sorted
+	slotOf := map[string]int64{}    // key -> its type's slot
+	for _, ct := range clusterTypes {
+		if got := clusterTagSlot(t, rdb, ct.name); got != ct.slot {
+			t.Errorf("%s: hash tag slot %d, want %d", ct.name, got, ct.slot)
+		}
+		addr := cluster.Addrs[ct.master]
+		keys := []string{l.RedisKey(throttle.Key{TaskType: ct.name}, throttle.ScopeType)}
+		for i := range tenants {
+			keys = append(keys, l.RedisKey(throttle.Key{TaskType: ct.name, Tenant: fmt.Sprintf("tenant-%04d", i)}, throttle.ScopeTenant))
+		}
+		for _, k := range keys {
+			slotOf[k] = ct.slot
+		}
+		wantOn[addr] = append(wantOn[addr], keys...)
+	}
+	// CLUSTER KEYSLOT of every key, in one pipeline to one node.
+	node := redis.NewClient(&redis.Options{Addr: cluster.Addrs[0]})
+	t.Cleanup(func() { _ = node.Close() })
+	pipe := node.Pipeline()
+	cmds := map[string]*redis.IntCmd{}
+	for k := range slotOf {
+		cmds[k] = pipe.ClusterKeySlot(ctx, k)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for k, cmd := range cmds {
+		if cmd.Val() != slotOf[k] {
+			t.Errorf("CLUSTER KEYSLOT %s = %d, want %d, its type's", k, cmd.Val(), slotOf[k])
+		}
+	}
+
+	masters := clusterMasters(t, rdb)
+	found := clusterScan(t, masters, "throttle:*")
+	for i, addr := range cluster.Addrs {
+		want := slices.Sorted(slices.Values(wantOn[addr]))
+		if !slices.Equal(found[addr], want) {
+			t.Errorf("master %d (%s) holds %d keys, want %d: those of its task types only", i, addr, len(found[addr]), len(want))
+		}
+		if n, err := masters[addr].DBSize(ctx).Result(); err != nil || n != []int64{3003, 4004, 3003}[i] {
+			t.Errorf("DBSIZE on master %d (%s) = %d, %v; want %d", i, addr, n, err, []int64{3003, 4004, 3003}[i])
+		}
+	}
+	var table strings.Builder
+	for _, ct := range clusterTypes {
+		addr := cluster.Addrs[ct.master]
+		n, err := masters[addr].ClusterCountKeysInSlot(ctx, int(ct.slot)).Result()
+		if err != nil || n != tenants+1 {
+			t.Errorf("CLUSTER COUNTKEYSINSLOT %d on %s = %d, %v; want %d", ct.slot, addr, n, err, tenants+1)
+		}
+		fmt.Fprintf(&table, "\n  %-16s slot %5d  master %d (%s)  %d keys", ct.name, ct.slot, ct.master, addr, n)
+	}
+	t.Logf("where the keys landed:%s", table.String())
+}
