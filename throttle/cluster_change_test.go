@@ -97,6 +97,8 @@ type changeRun struct {
 	rdb    *redis.ClusterClient
 	lims   map[string]*throttle.Limiter
 	events [][]*changeEvent // by round
+	// gate is read-held by every attempt: holding it, a test knows no call is under way.
+	gate sync.RWMutex
 }
 
 // newChangeRun returns a run on rdb with a plain limiter ("plain") and, if pipelined,
@@ -140,7 +142,9 @@ func (r *changeRun) start(round int) *changeRound {
 			for attempt := 0; time.Now().Before(deadline); attempt++ {
 				req := throttle.Request{Key: throttle.Key{TaskType: ev.taskType, Tenant: ev.tenant}, Quotas: changeQuotas,
 					Member: ev.member, Fresh: attempt == 0}
+				r.gate.RLock()
 				d, err := l.AllowAt(context.Background(), req, at)
+				r.gate.RUnlock()
 				ev.mu.Lock()
 				if err == nil {
 					ev.d, ev.resolved = d, true
@@ -651,4 +655,54 @@ func TestLimiter_ClusterKeyLayout(t *testing.T) {
 		fmt.Fprintf(&table, "\n  %-16s slot %5d  master %d (%s)  %d keys", ct.name, ct.slot, ct.master, addr, n)
 	}
 	t.Logf("where the keys landed:%s", table.String())
+}
+
+// TestLimiter_ClusterSplitSlotPipelined splits the slot of email:send between two
+// masters and joins it again, with both limiters, AutoPipeline included: with tenants
+// t0-t9's logs moved to the target and the type's not, round 1 starts; t0-t9's decisions
+// get TRYAGAIN (no ASK: the source still has the type's logs), the others are decided on
+// the source; then, between two attempts (no call under way), the move is cancelled (the
+// logs moved back, the slot closed) and t0-t9 are decided there too. go-redis's cluster pipeline sends a node's whole batch again
+// when its first command gets TRYAGAIN, so the pipelined limiter's calls that share a
+// batch with a refused one run twice: the second run must find the first's admission
+// (Limiter looks every call up as a replay there), or the caller would be told "denied"
+// while its admission stands, and round 1 would admit fewer than 10 by its decisions.
+// Rounds and logs are exactly changeRounds'.
+func TestLimiter_ClusterSplitSlotPipelined(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cluster := redistest.StartCluster(t, 3)
+	r := newChangeRun(t, cluster.Client(), true)
+	split := clusterTypes[0]
+	r.start(0).wait()
+	mig, err := cluster.StartMigration(ctx, int(split.slot), cluster.Addrs[split.master], cluster.Addrs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mig.Move(ctx, r.changeKeys(split.name, false, 0, 10)...); err != nil {
+		t.Fatal(err)
+	}
+	r1 := r.start(1)
+	r1.waitUntil("decided", not(tenantsOf(split.name, 0, 10)), resolved)
+	r1.waitUntil("refused", tenantsOf(split.name, 0, 10), errored)
+	r.gate.Lock()
+	err = mig.Cancel(ctx)
+	r.gate.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1.wait()
+	r.start(2).wait()
+	r.start(3).wait()
+	seen, events := r.errorsSeen("TRYAGAIN")
+	t.Logf("%d events got errors (%d TRYAGAIN), %d replays (calls run twice, found by the second run)", events, seen["TRYAGAIN"], r.replays())
+	for _, evs := range r.events {
+		for _, ev := range evs {
+			for _, err := range ev.errs {
+				if !strings.HasSuffix(err.Error(), "TRYAGAIN Multiple keys request during rehashing of slot") {
+					t.Errorf("%s %s/%s round %d: error %v; want only TRYAGAIN", ev.lim, ev.taskType, ev.tenant, ev.round, err)
+				}
+			}
+		}
+	}
 }

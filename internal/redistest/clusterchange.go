@@ -373,3 +373,32 @@ func (c *Cluster) SlotOwner(ctx context.Context, slot int) (string, error) {
 	}
 	return "", errors.New("redistest: no node of the cluster answers CLUSTER SLOTS")
 }
+
+// Cancel abandons the move: it closes the slot on the source (CLUSTER SETSLOT <slot>
+// STABLE), moves the keys the target has of it back (MIGRATE from the target, which its
+// open slot allows), then closes the slot on the target: the source serves the slot as
+// before StartMigration. Call it while no client uses the slot: until the keys are back,
+// the source serves the slot without them.
+func (m *Migration) Cancel(ctx context.Context) error {
+	if err := m.src.Do(ctx, "CLUSTER", "SETSLOT", m.Slot, "STABLE").Err(); err != nil {
+		return fmt.Errorf("CLUSTER SETSLOT %d STABLE on %s: %w", m.Slot, m.From, err)
+	}
+	host, port, _ := net.SplitHostPort(m.From)
+	for {
+		keys, err := m.dst.ClusterGetKeysInSlot(ctx, m.Slot, 1<<30).Result()
+		if err != nil {
+			return fmt.Errorf("CLUSTER GETKEYSINSLOT %d on %s: %w", m.Slot, m.To, err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		args := append([]any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}, anySlice(keys)...)
+		if err := m.dst.Do(ctx, args...).Err(); err != nil && !strings.HasPrefix(err.Error(), "NOKEY") {
+			return fmt.Errorf("MIGRATE %d keys of slot %d back from %s to %s: %w", len(keys), m.Slot, m.To, m.From, err)
+		}
+	}
+	if err := m.dst.Do(ctx, "CLUSTER", "SETSLOT", m.Slot, "STABLE").Err(); err != nil {
+		return fmt.Errorf("CLUSTER SETSLOT %d STABLE on %s: %w", m.Slot, m.To, err)
+	}
+	return nil
+}
