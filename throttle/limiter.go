@@ -56,6 +56,10 @@ type Config struct {
 	// goroutines share round trips, so Redis spends less time per decision on reading
 	// and writing sockets. The autopipeliner is closed with the client. Supported for a
 	// *redis.Client and a *redis.ClusterClient; New returns an error for other clients.
+	// On a *redis.ClusterClient every call is looked for as a replay (Request.Fresh is
+	// ignored): go-redis sends a node's whole batch again when its first command gets a
+	// retryable error (TRYAGAIN while a slot moves, CLUSTERDOWN during a failover), so a
+	// call may run twice, and the second run must find the first's admission.
 	AutoPipeline bool
 }
 
@@ -91,7 +95,7 @@ type Request struct {
 	// call whose reply was lost), so the script need not look for it as a replay: in a
 	// small log (a listpack, up to 128 entries) a member lookup is a scan of the log. A
 	// default Member is always fresh. Set it on a first attempt only: a repeat that set it
-	// could admit the event twice.
+	// could admit the event twice. Ignored with Config.AutoPipeline on a Redis Cluster.
 	Fresh bool
 	// Reservation, if set, is the id of the waiting task the event belongs to (an asynq
 	// task id). A denied event then reserves the earliest instant at which every quota has
@@ -155,6 +159,7 @@ type Limiter struct {
 	clock   Clock
 	now     func() time.Time
 	maxSkew time.Duration // <= 0: no check
+	resends bool          // a call may run twice (AutoPipeline on a cluster): never fresh
 }
 
 // New returns a Limiter that keeps its window logs in rdb: a single node, a Sentinel
@@ -177,6 +182,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Limiter, error) {
 			ap, err = c.AutoPipeline()
 		case *redis.ClusterClient:
 			ap, err = c.AutoPipeline()
+			l.resends = true
 		default:
 			err = fmt.Errorf("%T has no autopipeliner", rdb)
 		}
@@ -394,7 +400,7 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverCl
 	if member == "" {
 		member, fresh = NewMember(), true
 	}
-	if fresh { // the script's mark: not looked for (a member never starts with '!')
+	if fresh && !l.resends { // the script's mark: not looked for (a member never starts with '!')
 		member = "!" + member
 	}
 	weight := max(req.Weight, 1)

@@ -60,7 +60,9 @@ var benchTenantNames = func() []string {
 // or of one PING; and script_p99_us, the 99th percentile of the EVALSHA (PING) execution
 // times from INFO latencystats, reset before each run. Row (e) also makes 4000 more calls,
 // untimed, the last 2000 timed one by one in SLOWLOG, and prints their percentiles under
-// the table. Ratios are
+// the table. Rows (f) and (f') make the same calls, over 10 task types whose slots every
+// master serves, on the one node and on a 3-master Redis Cluster started for (f') (its
+// nodes pinned to the same core). Ratios are
 // only meaningful within one run: rows compare with the ping and seed rows run before them.
 //
 // The benchmark asserts no speed. It fails on errors and on wrong outcomes: an admitting
@@ -87,6 +89,11 @@ type benchEnv struct {
 	order    []string             // case names in the order they ran
 	runs     int                  // runs started so far, to give each run keys of its own
 	failures []string             // cases that failed, and why
+
+	top            *testing.B         // BenchmarkLimiter_Allow's own: its cleanups run at its end
+	cluster        *redistest.Cluster // row (f'), started by its first run
+	clusterLim     *throttle.Limiter
+	clusterMasters []*redis.Client
 }
 
 // benchStart starts the server and the client, loads both scripts, and notes the setup.
@@ -96,7 +103,7 @@ func benchStart(b *testing.B) *benchEnv {
 	srv, unpinned := redistest.StartServerPinned(b, benchRedisCPU)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 2 * benchCallers, MinIdleConns: benchCallers})
 	b.Cleanup(func() { _ = rdb.Close() })
-	env := &benchEnv{ctx: ctx, rdb: rdb, rows: map[string]*benchRow{}}
+	env := &benchEnv{ctx: ctx, rdb: rdb, rows: map[string]*benchRow{}, top: b}
 	var err error
 	if env.lim, err = throttle.New(rdb, throttle.Config{}); err != nil {
 		b.Fatal(err)
@@ -122,7 +129,8 @@ func benchStart(b *testing.B) *benchEnv {
 			benchCallers, 2*benchCallers, runtime.GOMAXPROCS(0), clientCPUs),
 		"cpu_us/op: Redis CPU (INFO used_cpu_sys+used_cpu_user) per call; script_us: INFO commandstats usec per EVALSHA/EVAL (PING for ping)",
 		"p99_us: INFO latencystats p99 of the run's EVALSHA (PING) execution times, after CONFIG RESETSTAT (histogram, within 1%)",
-		"x_seed_cpu: cpu_us/op over seed hot's for (a) (a') (d) (e), over seed 10k's for (b) (b') (c)",
+		"x_seed_cpu: cpu_us/op over seed hot's for (a) (a') (d) (e), over seed 10k's for (b) (b') (c) (f) (f')",
+		"(f'): 3 masters, all pinned to the one node's CPU; its Redis columns add up the masters' INFO (p99_us: the largest)",
 	}
 	return env
 }
@@ -151,6 +159,9 @@ type benchCase struct {
 	check func(o benchOutcomes) error
 	// sample, if set, runs after the timed run, untimed, and returns a note for the table.
 	sample func(b *testing.B, call benchCall) string
+	// nodes, if set, returns the servers whose INFO the row's Redis columns add up (a
+	// cluster's masters); nil: the one server.
+	nodes func() []*redis.Client
 }
 
 // benchOutcomes counts what the calls of one run got, and when the run began and ended.
@@ -229,10 +240,16 @@ func (e *benchEnv) run(b *testing.B, c benchCase) {
 		b.ReportAllocs()
 		e.runs++
 		call := c.prepare(b, e.runs)
-		if err := e.rdb.ConfigResetStat(e.ctx).Err(); err != nil { // for the run's own percentiles
-			b.Fatal(err)
+		nodes := []*redis.Client{e.rdb}
+		if c.nodes != nil {
+			nodes = c.nodes()
 		}
-		before, err := redistest.ReadStats(e.ctx, e.rdb)
+		for _, n := range nodes {
+			if err := n.ConfigResetStat(e.ctx).Err(); err != nil { // for the run's own percentiles
+				b.Fatal(err)
+			}
+		}
+		before, err := benchReadStats(e.ctx, nodes)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -243,7 +260,7 @@ func (e *benchEnv) run(b *testing.B, c benchCase) {
 			e.fail(c, err)
 			b.Fatalf("%s: %v", c.label, err)
 		}
-		after, err := redistest.ReadStats(e.ctx, e.rdb)
+		after, err := benchReadStats(e.ctx, nodes)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -427,7 +444,93 @@ func (e *benchEnv) cases() []benchCase {
 				return throttle.Request{Key: throttle.Key{TaskType: "bench:10k-ap", Tenant: benchTenantNames[i%benchTenants]}, Quotas: hugeQuota}
 			})),
 			check: benchAllAdmitted},
+		{name: "types_10", label: "(f) 10 types x 1k tenants, one node", seed: "seed_10k", commands: script,
+			prepare: e.static(e.allowCall(e.lim, benchTypesRequest)),
+			check:   benchAllAdmitted},
+		{name: "types_10_cluster", label: "(f') the same, 3-master cluster", seed: "seed_10k", commands: script,
+			prepare: e.prepareCluster, check: benchAllAdmitted, nodes: e.clusterNodes},
 	}
+}
+
+// benchTypes are the task types of rows (f) and (f'): clusterTypes, whose slots are
+// served by every master of a 3-master cluster (3, 4 and 3 of them).
+var benchTypes = func() []string {
+	names := make([]string, len(clusterTypes))
+	for i, ct := range clusterTypes {
+		names[i] = "bench:" + ct.name
+	}
+	return names
+}()
+
+// benchTypesRequest is call i of rows (f) and (f'): type i%10, tenant i/10 % 1000, two
+// quotas (tenant and type), so one script call on two keys of one slot.
+func benchTypesRequest(i int64) throttle.Request {
+	return throttle.Request{Key: throttle.Key{TaskType: benchTypes[i%10], Tenant: benchTenantNames[i/10%1000]},
+		Quotas: []throttle.Quota{tenantQuota(benchHuge, time.Second), typeQuota(benchHuge, time.Second)}}
+}
+
+// prepareCluster readies row (f'): on its first run, a 3-master cluster with every node
+// pinned to the single node's core (the cluster gets the same Redis CPU, so the row shows
+// what cluster mode costs, not what more cores give), and a limiter on a cluster client
+// with the single node's pool size per node; the script is loaded on every master.
+func (e *benchEnv) prepareCluster(_ *testing.B, _ int) benchCall {
+	if e.cluster == nil {
+		b := e.top // the cluster outlives each run of the row
+		c := redistest.StartClusterWith(b, redistest.ClusterConfig{Masters: 3, Pin: true, PinCPU: benchRedisCPU})
+		rdb := c.ClientWith(&redis.ClusterOptions{PoolSize: 2 * benchCallers, MinIdleConns: benchCallers})
+		l, err := throttle.New(rdb, throttle.Config{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, addr := range c.Addrs {
+			n := redis.NewClient(&redis.Options{Addr: addr})
+			b.Cleanup(func() { _ = n.Close() })
+			if err := lua.SlidingWindow.Load(e.ctx, n).Err(); err != nil {
+				b.Fatalf("SCRIPT LOAD on %s: %v", addr, err)
+			}
+			e.clusterMasters = append(e.clusterMasters, n)
+		}
+		e.cluster, e.clusterLim = c, l
+	}
+	return e.allowCall(e.clusterLim, benchTypesRequest)
+}
+
+// clusterNodes returns row (f')'s masters.
+func (e *benchEnv) clusterNodes() []*redis.Client { return e.clusterMasters }
+
+// benchReadStats reads the stats of every node and adds them up: CPU, commands and errors
+// are sums; a latency percentile is the largest of the nodes'.
+func benchReadStats(ctx context.Context, nodes []*redis.Client) (redistest.Stats, error) {
+	var sum redistest.Stats
+	for i, n := range nodes {
+		s, err := redistest.ReadStats(ctx, n)
+		if err != nil || i == 0 {
+			sum = s
+			if err != nil {
+				return sum, err
+			}
+			continue
+		}
+		sum.CPUSys += s.CPUSys
+		sum.CPUUser += s.CPUUser
+		for name, c := range s.Commands {
+			t := sum.Commands[name]
+			t.Calls, t.Total, t.RejectedCalls, t.FailedCalls = t.Calls+c.Calls, t.Total+c.Total, t.RejectedCalls+c.RejectedCalls, t.FailedCalls+c.FailedCalls
+			sum.Commands[name] = t
+		}
+		for name, v := range s.Errors {
+			sum.Errors[name] += v
+		}
+		for name, ps := range s.Latency {
+			if sum.Latency[name] == nil {
+				sum.Latency[name] = map[string]time.Duration{}
+			}
+			for p, d := range ps {
+				sum.Latency[name][p] = max(sum.Latency[name][p], d)
+			}
+		}
+	}
+	return sum, nil
 }
 
 // static is a prepare that readies nothing: every run makes the same calls.

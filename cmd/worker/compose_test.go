@@ -47,6 +47,9 @@ type composeService struct {
 	// StopGracePeriod is how long `docker compose stop` waits after SIGTERM before it
 	// sends SIGKILL; Compose's default is 10s.
 	StopGracePeriod string `yaml:"stop_grace_period"`
+	// Profiles lists the profiles that start the service (docker compose --profile);
+	// none: it always starts.
+	Profiles []string `yaml:"profiles"`
 }
 
 // goService matches the entrypoint script of a service that builds a command of this
@@ -55,7 +58,8 @@ type composeService struct {
 var goService = regexp.MustCompile(`^go build -o (\S+) \./cmd/([a-z0-9_-]+) && exec (\S+)( "\$@")?$`)
 
 // TestDockerCompose checks docker-compose.yml without Docker: the four services (Redis,
-// the worker with metrics, Prometheus scraping it, the one-shot enqueue) exist; each Go
+// the worker with metrics, Prometheus scraping it, the one-shot enqueue) exist, and the
+// cluster profile (checkClusterProfile); each Go
 // service builds a real command (a main package under cmd/) with a Go image as new as
 // go.mod, and execs what it built; the command accepts the service's flags (run with
 // them and -h, it exits 0); each variable is one the command reads (it lists it in
@@ -95,7 +99,7 @@ func TestDockerCompose(t *testing.T) {
 	}
 	goEnv := goEnvNames(t)
 	for _, name := range []string{"worker", "enqueue"} {
-		t.Run(name, func(t *testing.T) { checkGoService(t, name, cf.Services[name], goEnv) })
+		t.Run(name, func(t *testing.T) { checkGoService(t, name, cf.Services[name], goEnv, []string{"redis:6379"}) })
 	}
 	if enq := cf.Services["enqueue"]; enq.Restart != "no" {
 		t.Errorf(`enqueue: restart %q, want "no": it enqueues once and exits`, enq.Restart)
@@ -116,6 +120,121 @@ func TestDockerCompose(t *testing.T) {
 		}
 	})
 	t.Run("prometheus", func(t *testing.T) { checkPrometheus(t, cf) })
+	t.Run("cluster", func(t *testing.T) { checkClusterProfile(t, cf, goEnv) })
+}
+
+// clusterNodes are the Redis Cluster nodes of the cluster profile: 3 primaries, then 3
+// replicas (redis-cli --cluster create --cluster-replicas 1 makes the first 3 primaries).
+var clusterNodes = []string{"redis-node-1", "redis-node-2", "redis-node-3", "redis-node-4", "redis-node-5", "redis-node-6"}
+
+// checkClusterProfile checks the cluster profile: 6 redis-server nodes in cluster mode
+// (a local redis-server starts with each one's arguments and reports cluster_enabled:1);
+// redis-cluster-init, run once after all are healthy, that creates the cluster from all
+// 6 with one replica each unless it is already up; and worker-cluster and enqueue-cluster,
+// the worker and enqueue services with REDIS_ADDR listing the 3 primaries, started after
+// it. Every service of the profile is only in it, and the default services in none.
+func checkClusterProfile(t *testing.T, cf composeFile, goEnv map[string]bool) {
+	profile := append(slices.Clone(clusterNodes), "redis-cluster-init", "worker-cluster", "enqueue-cluster")
+	for name, svc := range cf.Services {
+		want := []string(nil)
+		if slices.Contains(profile, name) {
+			want = []string{"cluster"}
+		}
+		if !slices.Equal(svc.Profiles, want) {
+			t.Errorf("service %s: profiles %q, want %q", name, svc.Profiles, want)
+		}
+	}
+	for _, name := range clusterNodes {
+		svc, ok := cf.Services[name]
+		if !ok {
+			t.Fatalf("no service %s", name)
+		}
+		if !strings.HasPrefix(svc.Image, "redis:") || len(svc.Command) < 2 || svc.Command[0] != "redis-server" || len(svc.Healthcheck) == 0 {
+			t.Errorf("%s: image %q command %q healthcheck %v; want redis-server with a healthcheck", name, svc.Image, svc.Command, svc.Healthcheck)
+			continue
+		}
+		if slices.Contains(svc.Command, "--port") {
+			t.Errorf("%s: --port in %q; the others reach it at the default 6379", name, svc.Command)
+		}
+		if !slices.Equal(svc.Command, cf.Services[clusterNodes[0]].Command) {
+			t.Errorf("%s: command %q, want %s's", name, svc.Command, clusterNodes[0])
+		}
+	}
+	// A local redis-server starts with a node's arguments (after the helper's, which set
+	// its port and directory) and is in cluster mode.
+	rdb := redistest.StartServer(t, cf.Services[clusterNodes[0]].Command[1:]...).Client()
+	if info, err := rdb.Info(t.Context(), "cluster").Result(); err != nil || !strings.Contains(info, "cluster_enabled:1") {
+		t.Errorf("redis-server %q: INFO cluster %q, %v; want cluster_enabled:1", cf.Services[clusterNodes[0]].Command[1:], info, err)
+	}
+
+	initSvc := cf.Services["redis-cluster-init"]
+	script := ""
+	if len(initSvc.Entrypoint) == 3 && initSvc.Entrypoint[0] == "sh" && initSvc.Entrypoint[1] == "-c" {
+		script = strings.ReplaceAll(initSvc.Entrypoint[2], "$$", "$")
+	}
+	create := regexp.MustCompile(`^redis-cli -h redis-node-1 cluster info \| grep -q cluster_state:ok \|\| ` +
+		`redis-cli --cluster create \$\(for n in 1 2 3 4 5 6; do echo \$\(getent hosts redis-node-\$n \| cut -d' ' -f1\):6379; done\) ` +
+		`--cluster-replicas 1 --cluster-yes$`)
+	if !create.MatchString(script) || !strings.HasPrefix(initSvc.Image, "redis:") {
+		t.Errorf("redis-cluster-init: image %q entrypoint %q; want a redis image that creates the cluster of all 6 nodes with 1 replica each, unless it is up", initSvc.Image, initSvc.Entrypoint)
+	}
+	if initSvc.Restart != "no" {
+		t.Errorf(`redis-cluster-init: restart %q, want "no": it runs once`, initSvc.Restart)
+	}
+	deps := conditions(t, "redis-cluster-init", initSvc)
+	for _, n := range clusterNodes {
+		if deps[n] != "service_healthy" {
+			t.Errorf("redis-cluster-init: depends on %s %q, want service_healthy", n, deps[n])
+		}
+	}
+	if len(deps) != len(clusterNodes) {
+		t.Errorf("redis-cluster-init depends on %v, want the 6 nodes only", deps)
+	}
+
+	for _, name := range []string{"worker-cluster", "enqueue-cluster"} {
+		svc := cf.Services[name]
+		cmdName, _, _ := strings.Cut(name, "-")
+		t.Run(name, func(t *testing.T) {
+			if deps := conditions(t, name, svc); len(deps) != 1 || deps["redis-cluster-init"] != "service_completed_successfully" {
+				t.Errorf("depends on %v, want redis-cluster-init: service_completed_successfully only", deps)
+			}
+			checkGoService(t, cmdName, svc, goEnv, []string{"redis-node-1:6379", "redis-node-2:6379", "redis-node-3:6379"})
+		})
+	}
+	// The cluster worker is the worker with another Redis, and its metrics on another
+	// host port (Prometheus scrapes the default worker only).
+	w, wc := cf.Services["worker"], cf.Services["worker-cluster"]
+	for k, v := range w.Environment {
+		if k != "REDIS_ADDR" && wc.Environment[k] != v {
+			t.Errorf("worker-cluster: %s=%q, want the worker's %q", k, wc.Environment[k], v)
+		}
+	}
+	if slices.Equal(w.Ports, wc.Ports) {
+		t.Errorf("worker-cluster publishes %q, as the worker does: both could not run at once", wc.Ports)
+	}
+}
+
+// conditions returns what svc depends on, by service, with its condition; the list form
+// has no conditions ("").
+func conditions(t *testing.T, name string, svc composeService) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	if svc.DependsOn.Kind == yaml.MappingNode {
+		var m map[string]struct {
+			Condition string `yaml:"condition"`
+		}
+		if err := svc.DependsOn.Decode(&m); err != nil {
+			t.Fatalf("service %s: depends_on: %v", name, err)
+		}
+		for dep, c := range m {
+			out[dep] = c.Condition
+		}
+		return out
+	}
+	for _, dep := range dependsOn(t, name, svc) {
+		out[dep] = ""
+	}
+	return out
 }
 
 // readCompose decodes docker-compose.yml, failing t on an unknown key.
@@ -163,8 +282,9 @@ func dependsOn(t *testing.T, name string, svc composeService) []string {
 	return names
 }
 
-// checkGoService checks a service that builds and runs the command cmd/<name>.
-func checkGoService(t *testing.T, name string, svc composeService, goEnv map[string]bool) {
+// checkGoService checks a service that builds and runs the command cmd/<name> with
+// REDIS_ADDR listing addrs.
+func checkGoService(t *testing.T, name string, svc composeService, goEnv map[string]bool, addrs []string) {
 	if len(svc.Entrypoint) < 3 || svc.Entrypoint[0] != "sh" || svc.Entrypoint[1] != "-c" {
 		t.Fatalf("entrypoint %q, want [sh -c SCRIPT ...]", svc.Entrypoint)
 	}
@@ -212,9 +332,10 @@ func checkGoService(t *testing.T, name string, svc composeService, goEnv map[str
 	rc, err := redisenv.Load() // every command reads REDIS_* through redisenv
 	if err != nil {
 		t.Errorf("environment: %v", err)
-	} else if host, port, _ := net.SplitHostPort(rc.Addrs()[0]); host != "redis" || port != "6379" {
-		t.Errorf("REDIS_ADDR %q, want the redis service at redis:6379", rc.Addr)
+	} else if got := rc.Addrs(); !slices.Equal(got, addrs) {
+		t.Errorf("REDIS_ADDR %q, want %q", rc.Addr, strings.Join(addrs, ","))
 	}
+
 	if cmdName == "worker" {
 		cfg, err := loadConfig()
 		if err != nil {

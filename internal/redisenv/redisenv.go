@@ -168,12 +168,25 @@ func (c Config) UniversalOptions() *redis.UniversalOptions {
 	}
 }
 
-// NewClient returns a client for c, made by redis.NewUniversalClient from
-// c.UniversalOptions. It does not connect until first used, and does not validate c (Load
-// does). The caller closes it; asynq does not close a client passed to its
-// *FromRedisClient constructors.
+// ClusterStateReloadInterval is how often NewClient's Redis Cluster client reloads the
+// slot map (CLUSTER SLOTS) when no MOVED reply makes it reload sooner. go-redis's default
+// is 60s, and a killed primary sends no MOVED: its client kept sending its slots' commands
+// to the dead address for 55s after a kill whose replica was promoted in 2.6s (throttle's
+// TestLimiter_ClusterPrimaryKilled). At 1s it costs one CLUSTER SLOTS a second per client.
+const ClusterStateReloadInterval = time.Second
+
+// NewClient returns a client for c, made as redis.NewUniversalClient would from
+// c.UniversalOptions, but for a Redis Cluster with ClusterStateReloadInterval. It does
+// not connect until first used, and does not validate c (Load does). The caller closes
+// it; asynq does not close a client passed to its *FromRedisClient constructors.
 func (c Config) NewClient() redis.UniversalClient {
-	return redis.NewUniversalClient(c.UniversalOptions())
+	o := c.UniversalOptions()
+	if c.MasterName == "" && len(o.Addrs) > 1 {
+		co := o.Cluster()
+		co.ClusterStateReloadInterval = ClusterStateReloadInterval
+		return redis.NewClusterClient(co)
+	}
+	return redis.NewUniversalClient(o)
 }
 
 // sentinelAskTimeout bounds each question Ping asks a Sentinel.

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -103,5 +104,114 @@ func TestStartCluster(t *testing.T) {
 	}
 	if err := rdb.MSet(ctx, tagged[1], "a", tagged[2], "b").Err(); err != nil {
 		t.Errorf("MSET of two keys with one hash tag: %v", err)
+	}
+}
+
+// TestStartClusterWith_Changes starts 3 masters with one replica each (node timeout 1s)
+// and changes the cluster as the limiter's tests do: a slot moved key by key (a key of it
+// answers ASK while the slot is open, then MOVED from the old owner, and the new owner
+// holds it), SCRIPT FLUSH on all 6 nodes (an EVALSHA of a loaded script then answers
+// NOSCRIPT on each), and a master killed (its replica promoted; it serves the key written
+// before the kill, replicated first).
+func TestStartClusterWith_Changes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := redistest.StartClusterWith(t, redistest.ClusterConfig{Masters: 3, ReplicasPerMaster: 1, NodeTimeout: time.Second})
+	if len(c.Replicas) != 3 || len(c.Replicas[0]) != 1 {
+		t.Fatalf("Replicas = %v, want one per master", c.Replicas)
+	}
+	for i, m := range c.Addrs {
+		r := redis.NewClient(&redis.Options{Addr: c.Replicas[i][0]})
+		t.Cleanup(func() { _ = r.Close() })
+		info, err := r.Info(ctx, "replication").Result()
+		if err != nil || !strings.Contains(info, "role:slave\r\n") || !strings.Contains(info, "master_port:"+m[strings.LastIndex(m, ":")+1:]+"\r\n") {
+			t.Errorf("replica %s of %s: INFO replication %q, %v; want role:slave of that master", c.Replicas[i][0], m, info, err)
+		}
+	}
+	rdb := c.Client()
+
+	key := "k:{a}" // slot 15495: served by the third master (10923-16383)
+	slot, err := rdb.ClusterKeySlot(ctx, key).Result()
+	if err != nil || slot != 15495 {
+		t.Fatalf("CLUSTER KEYSLOT %s = %d, %v; want 15495", key, slot, err)
+	}
+	if err := rdb.Set(ctx, key, "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	other := "k2:{a}" // same slot, not yet written
+	m, err := c.StartMigration(ctx, int(slot), c.Addrs[2], c.Addrs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := redis.NewClient(&redis.Options{Addr: c.Addrs[2], MaxRetries: -1})
+	t.Cleanup(func() { _ = src.Close() })
+	if err := src.Get(ctx, key).Err(); err != nil {
+		t.Errorf("GET %s on the source, slot open, key not moved: %v; want served", key, err)
+	}
+	if err := src.Get(ctx, other).Err(); err == nil || !strings.HasPrefix(err.Error(), "ASK 15495 "+c.Addrs[0]) {
+		t.Errorf("GET %s (no such key) on the source, slot open: %v; want ASK 15495 %s", other, err, c.Addrs[0])
+	}
+	if keys, err := m.Keys(ctx); err != nil || !slices.Equal(keys, []string{key}) {
+		t.Errorf("Keys = %q, %v; want [%s]", keys, err, key)
+	}
+	if err := m.Move(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Get(ctx, key).Err(); err == nil || !strings.HasPrefix(err.Error(), "ASK 15495 ") {
+		t.Errorf("GET %s on the source after MIGRATE: %v; want ASK", key, err)
+	}
+	if err := m.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Get(ctx, key).Err(); err == nil || !strings.HasPrefix(err.Error(), "MOVED 15495 "+c.Addrs[0]) {
+		t.Errorf("GET %s on the old owner after Finish: %v; want MOVED 15495 %s", key, err, c.Addrs[0])
+	}
+	if owner, err := c.SlotOwner(ctx, int(slot)); err != nil || owner != c.Addrs[0] {
+		t.Errorf("SlotOwner(%d) = %s, %v; want %s", slot, owner, err, c.Addrs[0])
+	}
+	if v, err := rdb.Get(ctx, key).Result(); err != nil || v != "v" {
+		t.Errorf("GET %s through the cluster client after the move: %q, %v; want v", key, v, err)
+	}
+
+	// SCRIPT FLUSH on every node.
+	script := redis.NewScript("return 1")
+	if err := script.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.ScriptFlush(ctx); err != nil || n != 6 {
+		t.Fatalf("ScriptFlush = %d, %v; want 6 nodes", n, err)
+	}
+	for _, addr := range slices.Concat(c.Addrs, c.Replicas[0], c.Replicas[1], c.Replicas[2]) {
+		n := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		err := n.EvalSha(ctx, script.Hash(), nil).Err()
+		n.Close()
+		if err == nil || !strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			t.Errorf("EVALSHA on %s after ScriptFlush: %v; want NOSCRIPT", addr, err)
+		}
+	}
+
+	// Kill the master that now serves the key, after its replica has it.
+	if err := c.WaitReplicated(ctx); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	c.Kill(c.Addrs[0])
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	promoted, err := c.WaitPromoted(wctx, c.Addrs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("replica %s promoted %v after the kill of %s", promoted, time.Since(killed).Round(time.Millisecond), c.Addrs[0])
+	if promoted != c.Replicas[0][0] {
+		t.Errorf("promoted %s, want %s, the killed master's replica", promoted, c.Replicas[0][0])
+	}
+	if owner, err := c.SlotOwner(ctx, int(slot)); err != nil || owner != promoted {
+		t.Errorf("SlotOwner(%d) = %s, %v; want %s", slot, owner, err, promoted)
+	}
+	p := redis.NewClient(&redis.Options{Addr: promoted})
+	t.Cleanup(func() { _ = p.Close() })
+	if v, err := p.Get(ctx, key).Result(); err != nil || v != "v" {
+		t.Errorf("GET %s on the promoted replica: %q, %v; want v", key, v, err)
 	}
 }
