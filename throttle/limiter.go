@@ -79,7 +79,7 @@ type Config struct {
 	// ReplicaTimeout is how long a durable decision (MinReplicas > 0) waits for the
 	// replicas' acknowledgement: WAIT's timeout, whole milliseconds, at least 1ms.
 	// Defaults to DefaultReplicaTimeout (100ms). It must be shorter than the client's
-	// ReadTimeout (go-redis: 3s by default), which bounds the pipeline's reply; New returns
+	// ReadTimeout (go-redis v9.23: 5s by default), which bounds the pipeline's reply; New returns
 	// an error otherwise.
 	ReplicaTimeout time.Duration
 }
