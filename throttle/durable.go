@@ -8,13 +8,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/lua"
 )
 
-// DefaultReplicaTimeout is Config.ReplicaTimeout when left zero: a replica on the same
-// network acknowledges a write within a millisecond or two (it sends REPLCONF ACK as soon
-// as it has applied the stream, and the primary answers WAIT then), so 100ms means a
-// replica that is down or cut off, and it is all a decision waits when one is.
+// DefaultReplicaTimeout is Config.ReplicaTimeout when left zero. A WAIT that blocks makes
+// the primary ask its replicas for their offsets (REPLCONF GETACK), and a replica on the
+// same network answers within a millisecond or two (0.1-1ms on loopback in the tests), so
+// 100ms means a replica that is down, cut off or still loading its first sync, and it is
+// all a decision waits when one is.
 const DefaultReplicaTimeout = 100 * time.Millisecond
 
 // ErrNotReplicated matches, under errors.Is, the error Allow and AllowAt return in durable
@@ -22,7 +24,7 @@ const DefaultReplicaTimeout = 100 * time.Millisecond
 // acknowledged within Config.ReplicaTimeout. The admission was written on the primary but
 // may be lost in a failover, so it is not reported as one: the task must not run (package
 // worker treats the error as Redis being unavailable: it asks again with the same event id,
-// then re-queues the task without counting a failure). The error also wraps
+// then re-queues the task without counting a failure). The error is a
 // *NotReplicatedError, with the counts.
 var ErrNotReplicated = errors.New("throttle: admission not acknowledged by enough replicas")
 
@@ -41,8 +43,8 @@ func (e *NotReplicatedError) Error() string {
 	if e.Replayed {
 		what = "repeated admission"
 	}
-	return fmt.Sprintf("throttle: %s of %s for tenant %q: %d of %d replicas acknowledged it within %s (WAIT)",
-		what, e.Key.TaskType, e.Key.Tenant, e.Acked, e.Want, e.Timeout)
+	return fmt.Sprintf("throttle: %s of %s for tenant %s: %d of %d replicas acknowledged it within %s (WAIT)",
+		what, quote.Name(e.Key.TaskType), quote.Quote(e.Key.Tenant), e.Acked, e.Want, e.Timeout)
 }
 
 // Is reports whether target is ErrNotReplicated.
