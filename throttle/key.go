@@ -79,7 +79,8 @@ const DefaultPrefix = "throttle"
 // Beside each log, two sets put a word of their own after the hash tag, where log keys
 // have "tenant:" or "type": pendingKey and costsKey. A task type has three more keys:
 // leasesKey, fairQueueKey and fairStateKey.
-// Limiter.TryLock's locks put "lock:" there: "<prefix>:{<task type>}:lock:<name>".
+// Limiter.TryLock's locks put "lock:" there: "<prefix>:{<task type>}:lock:<name>". In
+// durable mode a repeated call writes "<prefix>:{<task type>}:ack" (ackKeyWord).
 func redisKey(prefix string, key Key, scope Scope) string {
 	return keyBase(prefix, key.TaskType) + scopePart(key, scope)
 }

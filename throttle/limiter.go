@@ -61,6 +61,31 @@ type Config struct {
 	// retryable error (TRYAGAIN while a slot moves, CLUSTERDOWN during a failover), so a
 	// call may run twice, and the second run must find the first's admission.
 	AutoPipeline bool
+	// MinReplicas, when > 0, turns on durable mode: an admission counts only once at least
+	// MinReplicas replicas of the primary acknowledged it, so that a failover cannot lose
+	// it (Redis replicates asynchronously: a write the primary took but had not yet sent is
+	// lost when a replica is promoted, and the slot it held is admitted again). Each
+	// decision sends the script and then "WAIT MinReplicas ReplicaTimeout" in one pipeline
+	// on one connection (WAIT counts only the writes of its own connection), to the master
+	// of the keys' slot on a Redis Cluster: one round trip, as without it, but the reply
+	// comes once the replicas have acknowledged (or ReplicaTimeout has passed). An
+	// admission they did not acknowledge is returned as an error matching ErrNotReplicated,
+	// never as an admission: the task does not run (fail closed). A denial writes nothing
+	// and is returned whatever WAIT says; so is a reservation (losing one in a failover only
+	// delays its task: it comes back at its instant and is decided afresh). A repeated call
+	// (Request.Fresh false) also writes a small key, "<prefix>:{<task type>}:ack" with a 1s
+	// TTL, before the WAIT, so that a replay is only reported once the replicas have the
+	// admission it replays. Pause, Resume, Release and Cancel do not wait. With more
+	// MinReplicas than the primary has replicas, every admission fails. Defaults to 0: off,
+	// no WAIT, decisions cost what they cost without it. AutoPipeline does not apply to
+	// durable decisions, which need their own pipeline. Negative is an error.
+	MinReplicas int
+	// ReplicaTimeout is how long a durable decision (MinReplicas > 0) waits for the
+	// replicas' acknowledgement: WAIT's timeout, whole milliseconds, at least 1ms.
+	// Defaults to DefaultReplicaTimeout (100ms). It must be shorter than the client's
+	// ReadTimeout (go-redis v9.23: 5s by default), which bounds the pipeline's reply; New returns
+	// an error otherwise.
+	ReplicaTimeout time.Duration
 }
 
 // DefaultMaxSkew is Config.MaxSkew when left zero: NTP keeps clocks within milliseconds,
@@ -160,12 +185,16 @@ type Limiter struct {
 	now     func() time.Time
 	maxSkew time.Duration // <= 0: no check
 	resends bool          // a call may run twice (AutoPipeline on a cluster): never fresh
+
+	minReplicas    int           // Config.MinReplicas: 0, not durable
+	replicaTimeout time.Duration // Config.ReplicaTimeout, defaulted
 }
 
 // New returns a Limiter that keeps its window logs in rdb: a single node, a Sentinel
 // failover client or a Redis Cluster client. It returns an error if cfg.Prefix contains
-// '{' or '}', cfg.Clock is unknown, or cfg.AutoPipeline is set for a client that has no
-// autopipeliner.
+// '{' or '}', cfg.Clock is unknown, cfg.AutoPipeline is set for a client that has no
+// autopipeliner, cfg.MinReplicas is negative, or cfg.ReplicaTimeout is negative, under 1ms
+// (when set) or not shorter than the client's ReadTimeout.
 func New(rdb redis.UniversalClient, cfg Config) (*Limiter, error) {
 	if strings.ContainsAny(cfg.Prefix, "{}") {
 		return nil, fmt.Errorf("throttle: prefix %q must not contain '{' or '}': they would move the Redis Cluster hash tag", cfg.Prefix)
@@ -173,7 +202,21 @@ func New(rdb redis.UniversalClient, cfg Config) (*Limiter, error) {
 	if cfg.Clock != ClockLocal && cfg.Clock != ClockRedis {
 		return nil, fmt.Errorf("throttle: unknown Clock %d", cfg.Clock)
 	}
-	l := &Limiter{rdb: rdb, run: rdb, prefix: cfg.Prefix, clock: cfg.Clock, now: cfg.NowFunc, maxSkew: cfg.MaxSkew}
+	if cfg.MinReplicas < 0 {
+		return nil, fmt.Errorf("throttle: MinReplicas %d is negative", cfg.MinReplicas)
+	}
+	replicaTimeout := cfg.ReplicaTimeout
+	if replicaTimeout == 0 {
+		replicaTimeout = DefaultReplicaTimeout
+	}
+	if replicaTimeout < time.Millisecond {
+		return nil, fmt.Errorf("throttle: ReplicaTimeout %s is under 1ms (WAIT takes whole milliseconds; 0 blocks forever)", cfg.ReplicaTimeout)
+	}
+	if rt := clientReadTimeout(rdb); cfg.MinReplicas > 0 && rt > 0 && replicaTimeout >= rt {
+		return nil, fmt.Errorf("throttle: ReplicaTimeout %s is not shorter than the client's ReadTimeout %s: WAIT's reply would time out", replicaTimeout, rt)
+	}
+	l := &Limiter{rdb: rdb, run: rdb, prefix: cfg.Prefix, clock: cfg.Clock, now: cfg.NowFunc, maxSkew: cfg.MaxSkew,
+		minReplicas: cfg.MinReplicas, replicaTimeout: replicaTimeout}
 	if cfg.AutoPipeline {
 		var ap *redis.AutoPipeliner
 		var err error
@@ -443,7 +486,7 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverCl
 		}
 	}
 	args[0], args[1], args[2], args[3], args[4] = now, member, sentinel, max(maxSkew.Milliseconds(), 0), extra
-	r, err := lua.SlidingWindow.Run(ctx, l.run, keys, args...).Int64Slice()
+	r, acked, err := l.script(ctx, req.Key.TaskType, !fresh, keys, args)
 	if err != nil {
 		return Decision{}, fmt.Errorf("throttle: allow %s for tenant %s: %w", quote.Name(req.Key.TaskType), quote.Quote(req.Key.Tenant), err)
 	}
@@ -486,6 +529,9 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverCl
 	}
 	if d.Allowed && !d.Replay {
 		d.Delay = max(d.At.Sub(d.called), 0)
+	}
+	if d.Allowed && acked >= 0 && acked < l.minReplicas {
+		return Decision{}, &NotReplicatedError{Key: req.Key, Acked: acked, Want: l.minReplicas, Timeout: l.replicaTimeout, Replayed: d.Replay}
 	}
 	return d, nil
 }

@@ -83,6 +83,9 @@ type benchEnv struct {
 	ctx      context.Context
 	rdb      *redis.Client
 	lim, ap  *throttle.Limiter // ap: with Config.AutoPipeline
+	durable  *throttle.Limiter // with Config.MinReplicas 1, for rows (f) and (f')
+	replica  *redistest.Server // idle until row (f) makes it replicate the server (attach)
+	attached bool              // the replica is in sync
 	seed     *redis.Script
 	header   []string             // lines above the table: the setup
 	rows     map[string]*benchRow // by case name: the last run of each
@@ -111,6 +114,12 @@ func benchStart(b *testing.B) *benchEnv {
 	if env.ap, err = throttle.New(rdb, throttle.Config{AutoPipeline: true}); err != nil {
 		b.Fatal(err)
 	}
+	// Started now, replicating nothing: the rows before (f) run on a primary without a
+	// replica, as before there were such rows.
+	env.replica = redistest.StartServer(b)
+	if env.durable, err = throttle.New(rdb, throttle.Config{MinReplicas: 1}); err != nil {
+		b.Fatal(err)
+	}
 	src, err := os.ReadFile("testdata/seed_sliding_window.lua")
 	if err != nil {
 		b.Fatal(err)
@@ -131,6 +140,7 @@ func benchStart(b *testing.B) *benchEnv {
 		"p99_us: INFO latencystats p99 of the run's EVALSHA (PING) execution times, after CONFIG RESETSTAT (histogram, within 1%)",
 		"x_seed_cpu: cpu_us/op over seed hot's for (a) (a') (d) (e), over seed 10k's for (b) (b') (c) (f) (f')",
 		"(f'): 3 masters, all pinned to the one node's CPU; its Redis columns add up the masters' INFO (p99_us: the largest)",
+		"(g) (g'): the server has one replica (another redis-server, not pinned, attached before (g)); (g') is durable: MinReplicas 1, the script and WAIT in one pipeline",
 	}
 	return env
 }
@@ -449,6 +459,11 @@ func (e *benchEnv) cases() []benchCase {
 			check:   benchAllAdmitted},
 		{name: "types_10_cluster", label: "(f') the same, 3-master cluster", seed: "seed_10k", commands: script,
 			prepare: e.prepareCluster, check: benchAllAdmitted, nodes: e.clusterNodes},
+		// Last: they attach the replica, whose stream the server then feeds on every write.
+		{name: "tenants_10k_replica", label: "(g) 10k tenants, 1 replica", seed: "seed_10k", commands: script,
+			prepare: e.attached10k("bench:10k-r", e.lim), check: benchAllAdmitted},
+		{name: "tenants_10k_durable", label: "(g') 10k tenants, durable", seed: "seed_10k", commands: script,
+			prepare: e.attached10k("bench:10k-d", e.durable), check: benchAllAdmitted},
 	}
 }
 
@@ -531,6 +546,47 @@ func benchReadStats(ctx context.Context, nodes []*redis.Client) (redistest.Stats
 		}
 	}
 	return sum, nil
+}
+
+// attached10k is the prepare of rows (g) and (g'): it makes the replica replicate the
+// server (once, untimed) and returns the calls of row (b) on taskType's logs with l.
+func (e *benchEnv) attached10k(taskType string, l *throttle.Limiter) func(*testing.B, int) benchCall {
+	hugeQuota := []throttle.Quota{tenantQuota(benchHuge, time.Second)}
+	return func(b *testing.B, _ int) benchCall {
+		e.attach(b)
+		return e.allowCall(l, func(i int64) throttle.Request {
+			return throttle.Request{Key: throttle.Key{TaskType: taskType, Tenant: benchTenantNames[i%benchTenants]}, Quotas: hugeQuota}
+		})
+	}
+}
+
+// attach makes e.replica a replica of the server and waits (at most 10s) until a write and
+// a WAIT on one connection find it in sync.
+func (e *benchEnv) attach(b *testing.B) {
+	if e.attached {
+		return
+	}
+	host, port, _ := strings.Cut(e.rdb.Options().Addr, ":")
+	rc := redis.NewClient(&redis.Options{Addr: e.replica.Addr})
+	defer rc.Close()
+	if err := rc.ReplicaOf(e.ctx, host, port).Err(); err != nil {
+		b.Fatalf("REPLICAOF on the bench replica: %v", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var wait *redis.Cmd
+		_, err := e.rdb.Pipelined(e.ctx, func(p redis.Pipeliner) error {
+			p.Set(e.ctx, "bench:replica-sync", "1", time.Minute)
+			wait = p.Do(e.ctx, "WAIT", 1, 100)
+			return nil
+		})
+		if n, _ := wait.Int(); err == nil && n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("the bench replica is not in sync 10s after REPLICAOF: %v", err)
+		}
+	}
+	e.attached = true
 }
 
 // static is a prepare that readies nothing: every run makes the same calls.

@@ -154,6 +154,36 @@ func (s *Sentinel) Client() *redis.Client {
 	return rdb
 }
 
+// CutReplication stops the replica's replication without stopping the replica: it points
+// it at a closed loopback port (REPLICAOF), so it keeps the data it has, answers the
+// sentinels and clients, and gets none of the primary's later writes; the primary's WAIT
+// counts no replica. The sentinels still promote it if the primary dies: they skip only a
+// replica whose link has been down more than 10 x SentinelDownAfter. Kill the primary
+// within SentinelFailoverTimeout of the cut: after that, a sentinel that finds the replica
+// replicating from elsewhere while the primary is up points it back (+fix-slave-config).
+func (s *Sentinel) CutReplication() {
+	s.tb.Helper()
+	dead := freePort(s.tb) // closed again: nothing listens there
+	c := redis.NewClient(&redis.Options{Addr: s.Replica.Addr, MaxRetries: -1})
+	defer c.Close()
+	if err := c.ReplicaOf(context.Background(), "127.0.0.1", strconv.Itoa(dead)).Err(); err != nil {
+		s.tb.Fatalf("redistest: REPLICAOF 127.0.0.1 %d on the replica %s: %v", dead, s.Replica.Addr, err)
+	}
+}
+
+// Rejoin restarts the stopped Primary, empty, as a replica of the promoted Replica
+// (REPLICAOF, as the sentinels would do themselves some 8s after it came back), and
+// returns once it is in sync: the promoted primary's WAIT counts it again.
+func (s *Sentinel) Rejoin() {
+	s.tb.Helper()
+	s.Primary.Restart("--replicaof", "127.0.0.1", strconv.Itoa(s.Replica.port), "--repl-diskless-sync-delay", "0")
+	ctx, cancel := context.WithTimeout(context.Background(), sentinelTimeout)
+	defer cancel()
+	if err := waitReplicaInSync(ctx, s.Replica, s.Primary); err != nil {
+		s.tb.Fatalf("redistest: old primary %s rejoining as a replica of %s: %v", s.Primary.Addr, s.Replica.Addr, err)
+	}
+}
+
 // sentinelDebug sets a sentinel timer (SENTINEL DEBUG <param> <value>) on every sentinel,
 // ignoring errors: it only makes StartSentinel faster.
 func (s *Sentinel) sentinelDebug(ctx context.Context, param, value string) {
