@@ -46,6 +46,11 @@ type Config struct {
 	// MaxSkew is throttle.Config.MaxSkew: beyond it, decisions use the server's TIME and
 	// the worker logs the skew.
 	MaxSkew time.Duration `envconfig:"THROTTLE_MAX_SKEW" default:"1s" desc:"clock skew to Redis tolerated before deciding by the server's TIME (logged and counted), > 0"`
+	// MinReplicas is throttle.Config.MinReplicas (durable mode): an admission runs its task
+	// only once that many replicas have acknowledged it (WAIT). 0: off.
+	MinReplicas int `envconfig:"THROTTLE_MIN_REPLICAS" default:"0" desc:"replicas that must acknowledge an admission (WAIT) before its task runs, >= 0; 0: off (see README, Failover and durable mode)"`
+	// ReplicaTimeout is throttle.Config.ReplicaTimeout: how long WAIT waits for them.
+	ReplicaTimeout time.Duration `envconfig:"THROTTLE_REPLICA_TIMEOUT" default:"100ms" desc:"with THROTTLE_MIN_REPLICAS, how long an admission waits for the replicas' acknowledgement, >= 1ms and under 5s"`
 	// FailOpen runs tasks unthrottled when the limiter's Redis cannot answer.
 	FailOpen bool `envconfig:"THROTTLE_FAIL_OPEN" default:"false" desc:"if true, run tasks unthrottled when Redis cannot answer; default: they wait and come back (fail closed)"`
 	// MetricsAddr, if set, serves Prometheus metrics at http://<addr>/metrics.
@@ -141,6 +146,10 @@ func (c Config) validate() error {
 		return badVar("THROTTLE_CLOCK", "want local or redis")
 	case c.MaxSkew <= 0:
 		return badVar("THROTTLE_MAX_SKEW", "must be positive")
+	case c.MinReplicas < 0:
+		return badVar("THROTTLE_MIN_REPLICAS", "must not be negative")
+	case c.ReplicaTimeout < time.Millisecond || c.ReplicaTimeout >= 5*time.Second:
+		return badVar("THROTTLE_REPLICA_TIMEOUT", "want 1ms or more and under 5s (the Redis client's read timeout)")
 	case c.Prefix == "":
 		return badVar("THROTTLE_PREFIX", "must not be empty")
 	case strings.ContainsAny(c.Prefix, "{}"):

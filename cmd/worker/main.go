@@ -113,7 +113,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cfg.Clock == "redis" {
 		clock = throttle.ClockRedis
 	}
-	lim, err := throttle.New(rdb, throttle.Config{Prefix: cfg.Prefix, Clock: clock, MaxSkew: cfg.MaxSkew})
+	lim, err := throttle.New(rdb, throttle.Config{Prefix: cfg.Prefix, Clock: clock, MaxSkew: cfg.MaxSkew,
+		MinReplicas: cfg.MinReplicas, ReplicaTimeout: cfg.ReplicaTimeout})
 	if err != nil {
 		fmt.Fprintf(stderr, "THROTTLE_PREFIX=%q: %v\n", cfg.Prefix, err)
 		return exitConfig
@@ -171,6 +172,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	logger.Printf("queues %s concurrency %d forwarder interval %s shutdown timeout %s tenant header %q key prefix %q",
 		cfg.Queues, cfg.Concurrency, cfg.ForwarderInterval, cfg.ShutdownTimeout, cfg.TenantHeader, cfg.Prefix)
 	logger.Printf("clock %s (max skew %s), fail open %t", cfg.Clock, cfg.MaxSkew, cfg.FailOpen)
+	if cfg.MinReplicas > 0 {
+		logger.Printf("durable: an admission runs its task once %d replica(s) acknowledged it within %s", cfg.MinReplicas, cfg.ReplicaTimeout)
+	}
 	logger.Printf("tiers and overrides from %s (cmd/throttle limits), checked every %s", overrides.Key(), worker.DefaultOverrideInterval)
 	h := demoHandler{url: cfg.DemoAPIURL, work: cfg.WorkTime, tenantHeader: cfg.TenantHeader,
 		client: &http.Client{Timeout: 30 * time.Second}}

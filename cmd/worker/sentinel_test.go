@@ -20,11 +20,23 @@ import (
 // "api:call tenant=5/1s" and 2 tenants x 8 tasks enqueued through a failover client. All
 // 16 complete on the primary, none is archived, the worker's lines count 8 runs per tenant,
 // its startup line names the master, and it logs nothing to stderr (no asynq error, no
-// eviction warning: the servers run noeviction). An unknown master name exits 1 and says so.
+// eviction warning: the servers run noeviction). The same again in durable mode
+// (THROTTLE_MIN_REPLICAS=1: the replica acknowledges every admission), which its startup
+// line says. An unknown master name exits 1 and says so.
 func TestRun_sentinel(t *testing.T) {
+	for _, durable := range []bool{false, true} {
+		t.Run(fmt.Sprintf("durable=%t", durable), func(t *testing.T) { testRunSentinel(t, durable) })
+	}
+}
+
+func testRunSentinel(t *testing.T, durable bool) {
 	s := redistest.StartSentinel(t)
 	sentinels := strings.Join(s.Addrs, ",")
-	clearEnv(t, "REDIS_ADDR", sentinels, "REDIS_MASTER_NAME", "mymaster", "THROTTLE_RULES", "api:call tenant=5/1s")
+	env := []string{"REDIS_ADDR", sentinels, "REDIS_MASTER_NAME", "mymaster", "THROTTLE_RULES", "api:call tenant=5/1s"}
+	if durable {
+		env = append(env, "THROTTLE_MIN_REPLICAS", "1", "THROTTLE_REPLICA_TIMEOUT", "1s")
+	}
+	clearEnv(t, env...)
 	rdb := s.Client()
 
 	w := startWorker(t)
@@ -74,6 +86,10 @@ func TestRun_sentinel(t *testing.T) {
 	}
 	if want := fmt.Sprintf(` redis REDIS_ADDR=%q REDIS_MASTER_NAME="mymaster" REDIS_PASSWORD=<empty> REDIS_DB=0`+"\n", sentinels); !strings.Contains(stdout.String(), want) {
 		t.Errorf("startup log lacks %q:\n%s", want, stdout.String())
+	}
+	const durableLine = "durable: an admission runs its task once 1 replica(s) acknowledged it within 1s\n"
+	if got := strings.Contains(stdout.String(), durableLine); got != durable {
+		t.Errorf("startup log has %q: %t, want %t:\n%s", durableLine, got, durable, stdout.String())
 	}
 	if stderr.String() != "" {
 		t.Errorf("stderr: %s", stderr.String())
