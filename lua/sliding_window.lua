@@ -126,9 +126,11 @@ local SLACK = ARGV[4] and ARGV[4] ~= '0' and 2 * tonumber(ARGV[4]) or 0
 -- cheap in a small set), and the earliest instant with room is the k-th entry of the
 -- window plus W, k = slots + 1 - limit. It decides as general() would, but reads the
 -- server's TIME (for the skew check) only before a write: a denial is decided on the
--- caller's clock and replies server_ms 0. It hands over (having written nothing) to the
--- one-log path below for a single quota with a token, a wait or a claim timeout, and to
--- general to reserve, to admit for a later instant, to replay, or with a skewed clock.
+-- caller's clock and replies server_ms 0. With one quota it also admits an event with a
+-- token, a wait or a claim timeout, as the middleware sends for a task its rule does not
+-- throttle, and hands any other decision of such an event over (having written nothing)
+-- to the one-log path below; to general to reserve, to admit for a later instant, to
+-- replay, or with a skewed clock.
 
 repeat
   local extra = ARGV[5]
@@ -137,9 +139,11 @@ repeat
   end
   local caller, server_ms = tonumber(ARGV[1]), 0
   if #ARGV == 8 then
-    if extra ~= '' then
-      break -- with a reservation token, a wait or a claim timeout: the one-log path
-    end
+    -- With a reservation token, a wait or a claim timeout (extra), as the middleware
+    -- sends, it still admits at now on a plain log: there no reservation is pending, so
+    -- the token holds none, and an admission at now reads and writes what the one-log
+    -- path's would. Anything else with extra is the one-log path's (the first read, of
+    -- "#", is all it repeats).
     -- One quota, one log: the commonest call, with no table but the reply. Scores and
     -- bounds go to Redis as the strings the caller computed (the sentinel at now, now -
     -- window), unless the log's high-water instant is later than the caller's now.
@@ -170,6 +174,9 @@ repeat
     local old = redis.call('ZCOUNT', key, FLOOR, lower)
     local lo = redis.call('ZCARD', key) - sent - old
     if lo >= limit then
+      if extra ~= '' then
+        break -- to reserve, or admit for later: the one-log path
+      end
       -- The k-th entry of the window, k = lo + 1 - limit: the first unless a limit was lowered
       -- (strings, not numbers, for Redis to parse: Redis 7.0 formats a Lua number with %.17g).
       local e

@@ -509,17 +509,16 @@ func (m *model) decide(req throttle.Request, now int64) (modelDecision, modelTTL
 		c.quotas = append(c.quotas, mq)
 		c.quotaLog = append(c.quotaLog, cl)
 	}
-	// The script's fast path for one quota: a cost-1 event with nothing in ARGV[5] (no
-	// reservation, wait, claim timeout or priority of its own) on a plain log (no weighted
-	// entry, nothing pending or ahead, no pause).
+	// The script's fast path for one quota: a cost-1 event of priority 0 on a plain log (no
+	// weighted entry, nothing pending or ahead, no pause) admitted at now; with a token, a
+	// wait or a claim timeout too (then it admits only at now).
 	var fast bool
-	if len(c.quotas) == 1 && c.cost == 1 && c.token == "" && req.MaxWait == 0 && req.Priority == 0 &&
-		c.claimTimeout == throttle.DefaultClaimTimeout.Milliseconds() {
+	if len(c.quotas) == 1 && c.cost == 1 && req.Priority == 0 {
 		st := c.logs[0].st
 		fast = !st.flagC && !st.flagP && st.hiw <= st.hw && st.pause < 0
 	}
 	d := c.run()
-	if fast && d.allowed && !d.replay && d.at == c.now {
+	if fast && d.allowed && !d.replay && !d.held && d.at == c.now {
 		c.logs[0].lazy = true
 	}
 	ttls := modelTTLs{}

@@ -8,8 +8,8 @@
 //
 //	go run ./internal/callgrind -n 300 -backlog 3000
 //
-// -only a,d runs PING, the seed rows and the named cases only (a to e, and claim: a
-// reservation claimed on time). It prints instructions per call and their ratios to the
+// -only a,d runs PING, the seed rows and the named cases only (a to e; admit: a task its
+// rule does not throttle, as the middleware asks; claim: a reservation claimed on time). It prints instructions per call and their ratios to the
 // matching seed row and to PING.
 package main
 
@@ -36,7 +36,7 @@ import (
 var (
 	calls   = flag.Int("n", 400, "calls per case")
 	backlog = flag.Int("backlog", 10000, "reservations waiting on the type log of case e")
-	only    = flag.String("only", "", "comma-separated cases to run (a-e, claim); empty: all")
+	only    = flag.String("only", "", "comma-separated cases to run (a-e, admit, claim); empty: all")
 	dir     = flag.String("dir", filepath.Join(os.TempDir(), "callgrind-throttle"), "directory for callgrind's dumps (emptied first)")
 )
 
@@ -224,6 +224,27 @@ func main() {
 		clock.Add(1)
 		if !must(lim.Allow(ctx, ereq())).Reserved {
 			fatalf("case e not reserved: a wrong outcome")
+		}
+	})
+	// admit, not a row of the benchmark: what the middleware sends for a task its rule does
+	// not throttle (a reservation token, a wait, a claim timeout), 100 tenants round-robin,
+	// as in the drain benchmark (BenchmarkMiddleware_Drain), each log holding about 80
+	// entries in its window.
+	admit := func(i int, token string) throttle.Request {
+		return throttle.Request{Key: throttle.Key{TaskType: "admit", Tenant: tenants[i%100]}, Quotas: huge,
+			Reservation: token + strconv.Itoa(i), MaxWait: 250 * time.Millisecond, ClaimTimeout: 3 * time.Second}
+	}
+	run("admit", func() {
+		for i := 0; i < 8000; i++ {
+			must(lim.Allow(ctx, admit(i, "w")))
+			if i%10 == 0 {
+				clock.Add(1)
+			}
+		}
+	}, func(i int) {
+		clock.Add(1)
+		if !must(lim.Allow(ctx, admit(i, "a"))).Allowed {
+			fatalf("case admit denied: a wrong outcome")
 		}
 	})
 	// claim, not a row of the benchmark: a task claiming its reservation on time, as each
