@@ -307,11 +307,11 @@ until true
 -- steps and no function: the window at now; else, with nothing ahead, the
 -- k-th entry of the window leaving it; else the log's end slot and, before it, the first
 -- K_CAND instants where an entry leaves a window. Then an admission at now, a denial, or
--- a new reservation (on a type log, at the end of the fair order). A token that holds a
+-- a new reservation (on a type log, at its fair rank). A token that holds a
 -- reservation due within its claim wait claims it in place (one further ahead is denied
 -- until then). It hands over to general, having written nothing, for anything else: a
 -- replay, a skewed clock, a lapse due, a late claim, an exact check, an admission for
--- later, a fair displacement. About 18 commands for a reservation on a tenant log,
+-- later. About 18 commands for a reservation on a tenant log,
 -- against general's 22 and its tables; 15 for a claim on a type log, against 17.
 
 repeat
@@ -407,11 +407,11 @@ repeat
     return {17, redis.call('ZCOUNT', key, '(' .. string.format('%d', held - w), hs), 0, held, 1, server_ms}
   end
   local lo = redis.call('ZCOUNT', key, '(' .. lower, nows)
-  local holder, tenant, fairq, tag = nil, nil, nil, nil
+  local holder, tenant, fairq, tag, fair_rank = nil, nil, nil, nil, nil
   if lo >= limit and token ~= '' then
     -- No room at now: it will reserve (or be admitted for later). Its lease's holder and
-    -- tenant, and on a type log its fair tag, first: general displaces a reservation when
-    -- one waits at the tag's rank, and handing over before the search wastes less.
+    -- tenant, and on a type log its fair tag and rank: a reservation waiting at that rank
+    -- may be one to displace (FAIRNESS, below).
     local hn, tail = string.match(string.sub(rest, n + 1), '^(%d+):(.*)$')
     hn = tonumber(hn)
     holder, tenant = string.sub(tail, 1, hn), string.sub(tail, hn + 1)
@@ -420,8 +420,9 @@ repeat
       local fh = redis.call('HMGET', base .. 'fairstate', 'v', 'l:' .. tenant)
       local v, l = tonumber(fh[1] or '0'), tonumber(fh[2] or '0')
       tag = string.format('%d', (v > l and v or l) + math.floor(FAIR_UNIT / tonumber(weight) + 0.5))
-      if redis.call('ZCARD', pkey) > redis.call('ZCOUNT', fairq, '-inf', tag) then
-        break
+      local rank = redis.call('ZCOUNT', fairq, '-inf', tag)
+      if redis.call('ZCARD', pkey) > rank then
+        fair_rank = rank
       end
     end
   end
@@ -477,22 +478,59 @@ repeat
   if t > now and token == '' then
     return {0, lo, t - caller, now, 1, server_ms} -- a denial, writing nothing
   end
-  -- The write: this event at now, or its reservation at t; then what general's finish does.
+  -- FAIRNESS, as general's: from the instant of the reservation at the fair rank, the first
+  -- of K_FAIR pending that is another tenant's, of cost 1 on this log alone (scopes "y")
+  -- and priority 0, after now and before t. This event takes its slot (vs), and it moves
+  -- to t, its own earliest instant too (the log's instants stay the same), keeping its
+  -- lease and tag: one ZADD to P and the entries' ZADD move both.
+  local victim, vs = nil, nil
+  if fair_rank and t > now then
+    local at_rank = redis.call('ZRANGE', pkey, fair_rank, fair_rank, 'WITHSCORES')[2]
+    local page = at_rank and redis.call('ZRANGEBYSCORE', pkey, at_rank, '+inf', 'WITHSCORES', 'LIMIT', '0', K_FAIR) or {}
+    local tokens = {}
+    for i = 1, #page, 2 do
+      tokens[#tokens + 1] = string.sub(page[i], string.find(page[i], ':', 1, true) + 1)
+    end
+    local recs = #tokens > 0 and redis.call('HMGET', base .. 'leases', unpack(tokens)) or {} -- at most K_FAIR
+    for i = 1, #tokens do
+      local s = tonumber(page[2 * i])
+      if s >= t then
+        break
+      end
+      if recs[i] and s > now and string.sub(page[2 * i - 1], 1, 2) == '1:' then
+        -- "<cost>:<scopes>:<created>:<n>:<holder><tenant>"; "p<priority>:..." does not match
+        local vcost, vscopes, vn, vrest = string.match(recs[i], '^(%d+):(%a+):%d+:(%d+):(.*)$')
+        if vcost == '1' and vscopes == 'y' and string.sub(vrest, tonumber(vn) + 1) ~= tenant then
+          victim, vs = page[2 * i - 1], s
+          break
+        end
+      end
+    end
+  end
+  -- The write: this event at now, or its reservation at t (vs); then what general's finish does.
   local ts = t == now and nows or string.format('%d', t)
+  local es = victim and string.format('%d', vs) or ts -- this event's entry
   if hiw < t then
     hiw = t
   end
   if t > now then
-    redis.call('ZADD', pkey, ts, pm)
+    if victim then
+      redis.call('ZADD', pkey, es, pm, ts, victim)
+    else
+      redis.call('ZADD', pkey, ts, pm)
+    end
     flags = 4 + flags % 4
   end
-  local add = {ts, t > now and ('@' .. pm) or member, string.format('%d', 16 * now + flags - flags % 4 + (hiw > now and 2 or 0) - BASE), '#'}
+  local add = {es, t > now and ('@' .. pm) or member, string.format('%d', 16 * now + flags - flags % 4 + (hiw > now and 2 or 0) - BASE), '#'}
   if hiw > now then
-    add[5], add[6] = string.format('%d', hiw - BASE), '#f'
+    add[#add + 1], add[#add + 2] = string.format('%d', hiw - BASE), '#f'
   elseif r[2] then
     redis.call('ZREM', key, '#f')
   end
-  redis.call('ZADD', key, unpack(add)) -- 4 or 6 values: the entry, "#" and perhaps "#f"
+  if victim then
+    add[#add + 1], add[#add + 2] = ts, '@' .. victim
+  end
+  redis.call('ZADD', key, unpack(add)) -- 4 to 8 values: the entry, "#", perhaps "#f" and the one displaced
   redis.call('ZREMRANGEBYSCORE', key, FLOOR, lower)
   local ttl = (hiw > now and hiw or now) - now + w + SLACK
   if flags >= 4 then
@@ -523,7 +561,7 @@ repeat
       end
     end
   end
-  return {8, lo, t - caller, now, 1, ARGV[4] ~= '0' and server_ms or 0}
+  return {8, lo, (victim and vs or t) - caller, now, 1, ARGV[4] ~= '0' and server_ms or 0}
 until true
 
 -- ---------------------------------------------------------------------------------------

@@ -726,6 +726,9 @@ func (c *modelCall) run() modelOutcome {
 		placed = c.fairSwap(tag, t)
 		if placed {
 			c.m.notes["fairSwap"]++
+			if len(c.logs) == 1 && c.req.Priority == 0 {
+				c.m.notes["oneLogFairSwap"]++ // on the script's one-log path, unless it hands over
+			}
 			t = c.typeLog.st.pending[pm]
 		}
 	}

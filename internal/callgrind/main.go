@@ -8,8 +8,9 @@
 //
 //	go run ./internal/callgrind -n 300 -backlog 3000
 //
-// -only a,d runs PING, the seed rows and the named cases only (a to e; admit: a task its
-// rule does not throttle, as the middleware asks; claim: a reservation claimed on time). It prints instructions per call and their ratios to the
+// -only a,d runs PING, the seed rows and the named cases only (a to e; fair: (e) with a
+// fair displacement; admit: a task its rule does not throttle, as the middleware asks;
+// claim: a reservation claimed on time). It prints instructions per call and their ratios to the
 // matching seed row and to PING.
 package main
 
@@ -36,7 +37,7 @@ import (
 var (
 	calls   = flag.Int("n", 400, "calls per case")
 	backlog = flag.Int("backlog", 10000, "reservations waiting on the type log of case e")
-	only    = flag.String("only", "", "comma-separated cases to run (a-e, admit, claim); empty: all")
+	only    = flag.String("only", "", "comma-separated cases to run (a-e, fair, admit, claim); empty: all")
 	dir     = flag.String("dir", filepath.Join(os.TempDir(), "callgrind-throttle"), "directory for callgrind's dumps (emptied first)")
 )
 
@@ -224,6 +225,24 @@ func main() {
 		clock.Add(1)
 		if !must(lim.Allow(ctx, ereq())).Reserved {
 			fatalf("case e not reserved: a wrong outcome")
+		}
+	})
+	// fair, not a row of the benchmark: row (e)'s type log, each timed call from a tenant
+	// with nothing waiting yet, whose fair tag ranks it first: it takes the slot of another
+	// tenant's reservation, which moves to the end (fair displacement, as the benchmark's
+	// 64 callers cause whenever their calls arrive out of tag order).
+	run("fair", func() {
+		for r := 0; r < *backlog; {
+			if must(lim.Allow(ctx, ereq())).Reserved {
+				r++
+			}
+		}
+	}, func(i int) {
+		clock.Add(1)
+		next++
+		req := throttle.Request{Key: throttle.Key{TaskType: "backlog", Tenant: "new" + strconv.Itoa(i)}, Quotas: yq1000, Reservation: "n" + strconv.Itoa(next)}
+		if d := must(lim.Allow(ctx, req)); !d.Reserved || d.RetryAfter >= time.Second {
+			fatalf("case fair: %+v, want a reservation within the next second (a displaced slot): a wrong outcome", d)
 		}
 	})
 	// admit, not a row of the benchmark: what the middleware sends for a task its rule does
