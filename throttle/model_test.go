@@ -596,15 +596,7 @@ func (c *modelCall) run() modelOutcome {
 	}
 	// Lapses: up to K_LAPSE per log, oldest first, of those pending at now - timeout or before.
 	for _, cl := range c.logs {
-		var gone []string
-		for pm, s := range cl.st.pending {
-			if s <= c.now-c.claimTimeout {
-				gone = append(gone, pm)
-			}
-		}
-		slices.SortFunc(gone, func(a, b string) int {
-			return cmp.Or(cmp.Compare(cl.st.pending[a], cl.st.pending[b]), strings.Compare(a, b))
-		})
+		gone := cl.st.pendingWhere(func(s int64) bool { return s <= c.now-c.claimTimeout })
 		for i, pm := range gone {
 			if i == modelKLapse {
 				break
@@ -828,13 +820,7 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 			rank++
 		}
 	}
-	var pend []string
-	for pm := range tl.st.pending {
-		pend = append(pend, pm)
-	}
-	slices.SortFunc(pend, func(a, b string) int {
-		return cmp.Or(cmp.Compare(tl.st.pending[a], tl.st.pending[b]), strings.Compare(a, b))
-	})
+	pend := tl.st.pendingWhere(func(int64) bool { return true })
 	if rank >= len(pend) {
 		return false
 	}
@@ -890,15 +876,7 @@ func (c *modelCall) prioVictim(t int64) *modelVictim {
 	if pl == nil {
 		pl = c.logs[0]
 	}
-	var pend []string
-	for pm, s := range pl.st.pending {
-		if s > c.now && s < t {
-			pend = append(pend, pm)
-		}
-	}
-	slices.SortFunc(pend, func(a, b string) int {
-		return cmp.Or(cmp.Compare(pl.st.pending[a], pl.st.pending[b]), strings.Compare(a, b))
-	})
+	pend := pl.st.pendingWhere(func(s int64) bool { return s > c.now && s < t })
 	for i, pm := range pend {
 		if i == modelKPrio {
 			break
@@ -1021,6 +999,21 @@ func (m *model) resume(id modelLog) bool {
 	had := st.pause >= 0
 	st.pause = -1
 	return had
+}
+
+// pendingWhere returns the log's pending reservations whose instants keep, as P orders
+// them: by instant, then by member.
+func (st *modelState) pendingWhere(keep func(s int64) bool) []string {
+	var pend []string
+	for pm, s := range st.pending {
+		if keep(s) {
+			pend = append(pend, pm)
+		}
+	}
+	slices.SortFunc(pend, func(a, b string) int {
+		return cmp.Or(cmp.Compare(st.pending[a], st.pending[b]), strings.Compare(a, b))
+	})
+	return pend
 }
 
 // sentinels returns the scores of the log's "#" and "#f" members as the contract says.

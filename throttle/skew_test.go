@@ -41,16 +41,21 @@ func TestLimiter_AllowAt_memoryAtLimit(t *testing.T) {
 	ctx := context.Background()
 	req := throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: "acme"}, Quotas: []throttle.Quota{tenantQuota(100, time.Second)}}
 	key := l.RedisKey(req.Key, throttle.ScopeTenant)
+	// check compares the log's members and memory with the seed's key after a call.
+	check := func(after string, members int64) {
+		t.Helper()
+		if n := zcardOf(t, rdb, key); n != members {
+			t.Errorf("%s the log holds %d members, want %d", after, n, members)
+		}
+		ours, seed := memoryOf(t, rdb, key), memoryOf(t, rdb, "seed")
+		t.Logf("MEMORY USAGE %s: ours %d B, the seed's %d B (%.2f x)", after, ours, seed, float64(ours)/float64(seed))
+		if float64(ours) > 1.1*float64(seed) {
+			t.Errorf("%s our key takes %d B, the seed's %d B: more than 1.1 x", after, ours, seed)
+		}
+	}
 	for i := range 500 {
 		if i == 499 {
-			if n := zcardOf(t, rdb, key); n != 108 {
-				t.Errorf("after 499 calls the log holds %d members, want 108: 100 entries, the sentinel and 7 that left the window", n)
-			}
-			ours, seed := memoryOf(t, rdb, key), memoryOf(t, rdb, "seed")
-			t.Logf("MEMORY USAGE with 7 left to trim: ours %d B, the seed's %d B (%.2f x)", ours, seed, float64(ours)/float64(seed))
-			if float64(ours) > 1.1*float64(seed) {
-				t.Errorf("with 7 left to trim our key takes %d B, the seed's %d B: more than 1.1 x", ours, seed)
-			}
+			check("after 499 calls (100 entries, the sentinel and 7 that left the window)", 108)
 		}
 		at := int64(1_700_000_000_000 + 10*i)
 		if d := allowAtV2(t, l, req, at); !d.Allowed {
@@ -61,14 +66,7 @@ func TestLimiter_AllowAt_memoryAtLimit(t *testing.T) {
 			t.Fatalf("seed call %d: %v %v", i, r, err)
 		}
 	}
-	if n := zcardOf(t, rdb, key); n != 101 {
-		t.Errorf("the log holds %d members, want 101: its window's 100 entries and the sentinel", n)
-	}
-	ours, seed := memoryOf(t, rdb, key), memoryOf(t, rdb, "seed")
-	t.Logf("MEMORY USAGE: ours %d B, the seed's %d B (%.2f x)", ours, seed, float64(ours)/float64(seed))
-	if float64(ours) > 1.1*float64(seed) {
-		t.Errorf("our key takes %d B, the seed's %d B: more than 1.1 x", ours, seed)
-	}
+	check("after 500 calls (its window's 100 entries and the sentinel)", 101)
 }
 
 func zcardOf(t *testing.T, rdb *redis.Client, key string) int64 {
