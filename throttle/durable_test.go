@@ -3,6 +3,7 @@ package throttle_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -165,5 +166,49 @@ func TestLimiter_durableCluster(t *testing.T) {
 	}
 	if len(used) != 3 {
 		t.Errorf("the task types' slots are on %d masters, want all 3: the test shows less", len(used))
+	}
+}
+
+// TestLimiter_durableClusterReplicated: durable mode on a cluster of 3 masters with one
+// replica each (redistest.StartClusterWith): for a task type on each master, the
+// admission is acknowledged by the slot's replica (WAIT on the master's own connection),
+// so it is returned as an admission, and after the replicas catch up each holds it.
+func TestLimiter_durableClusterReplicated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := redistest.StartClusterWith(t, redistest.ClusterConfig{Masters: 3, ReplicasPerMaster: 1})
+	rdb := c.Client()
+	l := clusterNew(t, rdb, throttle.Config{MinReplicas: 1, ReplicaTimeout: time.Second})
+	q := tenantQuota(1, time.Second)
+	owner := clusterSlotOwner(t, rdb)
+	used := map[string]bool{}
+	keys := map[string]string{}                             // log key -> its master's address
+	for _, taskType := range []string{"a", "b", "c", "d"} { // slots 15495, 3300, 7365, 11298
+		key := throttle.Key{TaskType: taskType, Tenant: "acme"}
+		addr := owner(clusterTagSlot(t, rdb, taskType))
+		used[addr] = true
+		keys[l.RedisKey(key, throttle.ScopeTenant)] = addr
+		wantOutcome(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{q}, Member: "m"}, 1000,
+			outcome{Allowed: true, Quota: q, Count: 1, At: 1000})
+		wantOutcome(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{q}, Fresh: true}, 1500,
+			outcome{Quota: q, Count: 1, RetryAfter: msd(500), At: 1500})
+	}
+	if len(used) != 3 {
+		t.Errorf("the task types' slots are on %d masters, want all 3: the test shows less", len(used))
+	}
+	if err := c.WaitReplicated(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for logKey, addr := range keys {
+		i := slices.Index(c.Addrs, addr)
+		if i < 0 || len(c.Replicas[i]) != 1 {
+			t.Fatalf("master %s: not in Addrs %v or not one replica (%v)", addr, c.Addrs, c.Replicas)
+		}
+		replica := redis.NewClient(&redis.Options{Addr: c.Replicas[i][0]})
+		t.Cleanup(func() { _ = replica.Close() })
+		replica.Do(ctx, "READONLY")
+		if got := entriesOf(t, replica, logKey); len(got) != 1 || got["m"] != 1000 {
+			t.Errorf("%s on the replica of %s: %v, want m at 1000", logKey, addr, got)
+		}
 	}
 }
