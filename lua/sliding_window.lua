@@ -356,11 +356,16 @@ repeat
   local part = string.sub(key, #base + 1)
   local pkey = base .. 'pending:' .. part
   if flags >= 4 then
-    -- None to lapse, and none pending at or before now - W, where the trim may have taken
-    -- its L entry: so the token holds a reservation on the log iff its L entry is there.
-    local edge = string.format('%d', now - (ct < w and ct or w))
-    if #redis.call('ZRANGEBYSCORE', pkey, FLOOR, edge, 'LIMIT', '0', '1') > 0 then
-      break
+    -- The oldest pending reservation: none may lapse (general lapses them). Pending at or
+    -- before now - W, the trim may have taken its L entry: then, unless the token's L
+    -- entry was found, P says whether the token holds it (a late claim, for general).
+    -- Otherwise the token holds a reservation on the log iff its L entry is there.
+    local oldest = redis.call('ZRANGE', pkey, '0', '0', 'WITHSCORES')[2]
+    if oldest then
+      oldest = tonumber(oldest)
+      if oldest <= now - ct or oldest <= now - w and not r[4] and redis.call('ZSCORE', pkey, pm) then
+        break
+      end
     end
   end
   if r[4] then
