@@ -243,7 +243,7 @@ func (c *Cluster) ScriptFlush(ctx context.Context) (int, error) {
 // ASKING; a command with several keys, some moved and some not, gets TRYAGAIN on both
 // sides. After Finish, the source answers MOVED.
 type Migration struct {
-	Slot     int
+	Slot     int    // the slot being moved
 	From, To string // the masters' addresses
 
 	fromID, toID string
