@@ -228,7 +228,9 @@ type middleware struct {
 // of cfg.Redis (CheckEvictionPolicy, within 2s and cfg.Context) and logs one line unless it
 // is NoEviction: a warning (and Metrics.EvictionPolicyUnsafe set to 1) for another
 // policy, an Info line if it cannot read it (CONFIG renamed or forbidden). Either way New
-// goes on.
+// goes on. With at least one rule, New also asks lim's Redis for its version
+// (throttle.Limiter.CheckServer) and returns its error for one older than
+// throttle.MinRedisVersion (7.0), whose script calls would fail.
 //
 // New returns an error if lim or cfg.Redis is nil, a rule is invalid (Rule.Validate), two
 // rules name one task type, or cfg.OverrideInterval is negative. With cfg.Overrides it
@@ -322,6 +324,18 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 		ctx, cancel := context.WithTimeout(ctx, evictionCheckTimeout)
 		_, _ = CheckEvictionPolicy(ctx, cfg.Redis, m.log, m.metrics) // logged; a worker runs either way
 		cancel()
+	}
+	if len(types) > 0 {
+		ctx := cfg.Context
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		ctx, cancel := context.WithTimeout(ctx, evictionCheckTimeout)
+		err := lim.CheckServer(ctx) // a Redis 6 would fail every task that must wait
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
 	}
 	m.metrics.throttles(lim, types, m.reserve)
 	return func(next asynq.Handler) asynq.Handler {
