@@ -166,6 +166,13 @@ const (
 	// DefaultMaxWait is Config.MaxWait when left zero: a little more than DefaultWakeLead,
 	// so that a task woken early waits in its handler instead of being re-queued again.
 	DefaultMaxWait = DefaultWakeLead + 250*time.Millisecond
+	// PauseRecheck is the longest a task denied by a pause (throttle.Limiter.Pause, an
+	// upstream 429, cmd/throttle pause) stays away: it comes back at the pause's end or
+	// after PauseRecheck, whichever is first, and is denied again (writing nothing) while
+	// the pause lasts. asynq holds a re-queued task until its retry instant whatever
+	// happens meanwhile, so without it a task denied by a long pause would wait out the
+	// whole pause even after a resume.
+	PauseRecheck = time.Minute
 	// NewcomerWait is the longest a task denied for the first time (holding no reservation
 	// yet) waits in its handler, with reservations; a longer wait re-queues it. MaxWait is
 	// for tasks coming back for their reservation.
@@ -411,6 +418,9 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 	if d.Paused {
 		err := fmt.Errorf("worker: %s paused (upstream backpressure) until %s: %w", scopeWords(d.Quota.Scope),
 			d.RetryAt().UTC().Format(time.RFC3339Nano), denied)
+		if recheck := m.now().Add(PauseRecheck); denied.RetryAt.After(recheck) {
+			denied.RetryAt = recheck // so that a resume reaches it (RetryDelayFunc reads it)
+		}
 		return m.later(ctx, task, err, denied.RetryAt, OutcomePaused, d.RetryAfter)
 	}
 	return m.later(ctx, task, denied, denied.RetryAt, OutcomeDenied, d.RetryAfter)

@@ -27,10 +27,12 @@ const pauseUsage = `Usage:
 
 pause does by hand what a handler's worker.Backpressure does when the API it calls
 answers 429 or 503: every worker denies the tasks decided on the paused window log until
-the pause's end (throttle.Limiter.Pause), and re-queues them for then without counting a
-failure or spending a retry. With -tenant it pauses that tenant's log of task type T;
+the pause's end (throttle.Limiter.Pause), and re-queues them for then, or for a minute
+later if that is sooner (worker.PauseRecheck), without counting a failure or spending a
+retry. With -tenant it pauses that tenant's log of task type T;
 without, T's own log (every tenant). A pause never shortens one in force: the later end
-stays, and pause prints it. resume lifts it at once (throttle.Limiter.Resume).
+stays, and pause prints it. resume lifts it at once (throttle.Limiter.Resume); the
+tasks it held come back within a minute.
 
 A task is decided only on the logs of its rule's quotas: a tenant pause does nothing if
 T's rule has no tenant= quota, a type pause nothing if it has no type= quota. When the
@@ -212,6 +214,6 @@ func runResume(e *env, args []string) int {
 	if j.WasUntil != nil {
 		until = " until " + fmtTime(*j.WasUntil) + " (" + state + ")"
 	}
-	fmt.Fprintf(e.stdout, "resumed %s: the pause%s is lifted; workers decide its tasks by their quotas again\n", what(key, scope), until)
+	fmt.Fprintf(e.stdout, "resumed %s: the pause%s is lifted; workers decide its tasks by their quotas again (the tasks it held come back within a minute)\n", what(key, scope), until)
 	return exitOK
 }
