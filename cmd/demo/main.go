@@ -105,7 +105,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.APIWindow, "api-window", time.Second, "the fake API's sliding window")
 	fs.DurationVar(&o.Margin, "margin", 200*time.Millisecond, "widen the worker's window by this much over -api-window, for network jitter")
 	fs.DurationVar(&o.Jitter, "jitter", 0, "simulated network latency: each call waits a random 0..jitter before reaching the API")
-	fs.IntVar(&o.Concurrency, "concurrency", 20, "asynq worker concurrency")
+	fs.IntVar(&o.Concurrency, "concurrency", 60, "asynq worker concurrency: at least the admitted rate of all tenants times MaxWait, 2s (README, the concurrency rule)")
 	fs.DurationVar(&o.Timeout, "timeout", 2*time.Minute, "give up if the tasks are not all completed by then")
 	fs.BoolVar(&o.JSON, "json", false, "print the report as one JSON object on stdout")
 	fs.BoolVar(&o.Keep, "keep", false, "keep the run's queue (and its completed tasks) in Redis instead of deleting it at the end")
