@@ -217,6 +217,12 @@ func (c Config) Ping(ctx context.Context, rdb redis.UniversalClient) error {
 		return &noSuchDBError{err: err, msg: fmt.Sprintf("redisenv: REDIS_DB=\"%d\": the Redis at REDIS_ADDR=%q has no database %d (%v); "+
 			"it has databases 0 to N-1, N its \"databases\" setting (16 by default)", c.DB, c.Addr, c.DB, err)}
 	}
+	if err != nil && c.MasterName == "" && len(c.Addrs()) > 1 && errors.As(err, &rerr) &&
+		strings.Contains(rerr.Error(), "cluster support disabled") {
+		return fmt.Errorf("redisenv: REDIS_ADDR=%q lists %d addresses, which means Redis Cluster nodes (or Sentinels, "+
+			"with REDIS_MASTER_NAME), but the Redis there is not in cluster mode (%w): give one address for a single Redis",
+			c.Addr, len(c.Addrs()), err)
+	}
 	if err == nil || c.MasterName == "" {
 		return err
 	}

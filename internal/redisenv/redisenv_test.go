@@ -286,7 +286,8 @@ func TestConfig_NewClient_sentinel(t *testing.T) {
 
 // TestConfig_Ping: against a real redis-server (16 databases), REDIS_DB=15 answers, and
 // REDIS_DB=99 is an ErrNoSuchDB error that names the variable and quotes its value; an
-// unreachable Redis is not.
+// unreachable Redis is not; a list of addresses of a Redis that is not a cluster says
+// what a list means.
 func TestConfig_Ping(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartServer(t)
@@ -313,5 +314,13 @@ func TestConfig_Ping(t *testing.T) {
 	down.Stop()
 	if err := ping(redisenv.Config{Addr: down.Addr}); err == nil || errors.Is(err, redisenv.ErrNoSuchDB) {
 		t.Errorf("Redis down: %v, want an error that is not ErrNoSuchDB", err)
+	}
+	// Two addresses of a Redis that is not a cluster: say what a list means.
+	list := srv.Addr + "," + srv.Addr
+	err = ping(redisenv.Config{Addr: list})
+	want = `redisenv: REDIS_ADDR="` + list + `" lists 2 addresses, which means Redis Cluster nodes (or Sentinels, with REDIS_MASTER_NAME), ` +
+		`but the Redis there is not in cluster mode (ERR This instance has cluster support disabled): give one address for a single Redis`
+	if err == nil || err.Error() != want {
+		t.Errorf("a list of standalone servers: %v\nwant %s", err, want)
 	}
 }
