@@ -112,7 +112,7 @@ type env struct {
 // vars are the environment variables of the command other than REDIS_*.
 type vars struct {
 	// Prefix is the workers' key prefix, throttle.Config.Prefix.
-	Prefix string `envconfig:"THROTTLE_PREFIX" default:"throttle" desc:"Redis key prefix of the workers; no '{' or '}'"`
+	Prefix string `envconfig:"THROTTLE_PREFIX" default:"throttle" desc:"Redis key prefix of the workers; no '{' or '}', and its last ':'-separated segment not 'enqueue' (producers' enqueue quotas live under <prefix>:enqueue:)"`
 	// Rules are the workers' default rules, read only to show what a tenant gets.
 	Rules string `envconfig:"THROTTLE_RULES" desc:"the workers' default rules, to show what a tenant gets; unset: unknown"`
 

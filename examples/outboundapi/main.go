@@ -129,7 +129,8 @@ func runOnce(ctx context.Context, throttled bool) (result, error) {
 			return result{}, err
 		}
 		// WakeLead: asynq's whole-second retry times, this forwarder's 100ms, and 250ms.
-		mw, err := worker.New(lim, worker.Config{Rules: rules, Redis: rdb, WakeLead: 1350 * time.Millisecond})
+		// NoEvictionCheck: the embedded miniredis has no maxmemory-policy to read.
+		mw, err := worker.New(lim, worker.Config{Rules: rules, Redis: rdb, WakeLead: 1350 * time.Millisecond, NoEvictionCheck: true})
 		if err != nil {
 			return result{}, err
 		}
