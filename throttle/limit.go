@@ -1,7 +1,9 @@
 package throttle
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -75,6 +77,9 @@ func ParseLimit(s string) (Limit, error) {
 		return Limit{}, fmt.Errorf("throttle: limit %q: want events/window, e.g. 5/2s", s)
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(events))
+	if errors.Is(err, strconv.ErrRange) {
+		return Limit{}, fmt.Errorf("throttle: limit %q: events %q is too large (at most %d)", s, events, math.MaxInt)
+	}
 	if err != nil {
 		return Limit{}, fmt.Errorf("throttle: limit %q: events %q is not an integer", s, events)
 	}

@@ -65,6 +65,7 @@ func TestParseRules_errorsNameTheRule(t *testing.T) {
 		{in: "api:call user=5/2s", want: []string{`quota "user=5/2s"`, `unknown scope "user"`}},
 		{in: "api:call tenant=5", want: []string{`quota "tenant=5"`, "events/window"}},
 		{in: "api:call tenant=x/2s", want: []string{`quota "tenant=x/2s"`, `events "x" is not an integer`}},
+		{in: "api:call tenant=99999999999999999999/1s", want: []string{`events "99999999999999999999" is too large (at most 9223372036854775807)`}},
 		{in: "api:call tenant=0/2s", want: []string{`quota "tenant=0/2s"`, "events must be at least 1"}},
 		{in: "api:call tenant=-3/2s", want: []string{"events must be at least 1"}},
 		{in: "api:call tenant=5/2", want: []string{`window "2" is not a Go duration`}},
