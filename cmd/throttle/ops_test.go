@@ -506,6 +506,7 @@ func TestOps_usage(t *testing.T) {
 		{[]string{"explain", "-type", "x"}, "throttle: explain: -tenant is required ('' for untagged tasks)\n"},
 		{[]string{"explain", "-tenant", "a"}, "throttle: explain: -type is required\n"},
 		{[]string{"explain", "-type", "x", "-tenant", "a", "-cost", "0"}, "throttle: explain: -cost 0: want at least 1\n"},
+		{[]string{"explain", "-type", "x", "-tenant", strings.Repeat("t", 2000)}, "throttle: explain: -tenant of 2000 bytes: at most throttle.MaxTenantBytes (1024)\n"},
 		{[]string{"explain", "-type", "x", "-tenant", "a", "extra"}, "throttle: explain: unexpected argument \"extra\"\n"},
 		{[]string{"inspect", "-type", ""}, "throttle: inspect: -type is empty\n"},
 		{[]string{"inspect", "-at", "now"}, "throttle: inspect: invalid value \"now\" for flag -at: want an RFC 3339 instant, e.g. 2026-12-01T12:00:00Z\nRun 'throttle inspect -h' for usage.\n"},
