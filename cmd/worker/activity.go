@@ -21,7 +21,10 @@ type activity struct {
 	counts map[throttle.Key]*tally
 }
 
-type tally struct{ ran, throttled, failed int }
+type tally struct {
+	ran, throttled, failed int
+	lastErr                string // the latest failed run's error
+}
 
 func newActivity() *activity { return &activity{counts: map[throttle.Key]*tally{}} }
 
@@ -61,7 +64,9 @@ func (a *activity) handler(tenantHeader string, next asynq.Handler) asynq.Handle
 		err := next.ProcessTask(ctx, task)
 		if err != nil {
 			a.mu.Lock()
-			a.tally(key).failed++
+			t := a.tally(key)
+			t.failed++
+			t.lastErr = err.Error()
 			a.mu.Unlock()
 		}
 		return err
@@ -73,7 +78,7 @@ func (a *activity) handler(tenantHeader string, next asynq.Handler) asynq.Handle
 //
 //	api:call tenant="acme" ran=5 throttled=12
 //
-// with " failed=N" appended when a run failed. The tenant is always quoted (quote.Quote),
+// with " failed=N last_error=..." appended when a run failed. The tenant is always quoted (quote.Quote),
 // the task type only if it needs it (quote.Name), both cut to quote.MaxBytes (64) with
 // "...(N bytes)" after a cut one. If more than maxLines pairs had activity, only the maxLines busiest (most tasks ran, throttled and failed; ties by type
 // then tenant) get a line, and one more line sums up the rest:
@@ -123,11 +128,16 @@ func (a *activity) take(maxLines int) []string {
 // total is every task t counts.
 func (t *tally) total() int { return t.ran + t.throttled + t.failed }
 
-// String is "ran=R throttled=T", with " failed=F" when F > 0.
+// String is "ran=R throttled=T", with " failed=F" when F > 0, and then, for one (task
+// type, tenant), the latest failure's error: ` last_error="..."` (quoted and cut to
+// quote.MaxBytes, as tenants are), so that a failing handler shows why in the log.
 func (t *tally) String() string {
 	s := fmt.Sprintf("ran=%d throttled=%d", t.ran, t.throttled)
 	if t.failed > 0 {
 		s += fmt.Sprintf(" failed=%d", t.failed)
+	}
+	if t.lastErr != "" {
+		s += " last_error=" + quote.Quote(t.lastErr)
 	}
 	return s
 }

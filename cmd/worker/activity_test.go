@@ -125,7 +125,7 @@ func TestActivity_handler(t *testing.T) {
 	if err := h.ProcessTask(ctx, task("fail")); !errors.Is(err, fail) {
 		t.Errorf("handler error = %v, want %v", err, fail)
 	}
-	want := []string{`report:build tenant="acme" ran=3 throttled=0 failed=1`}
+	want := []string{`report:build tenant="acme" ran=3 throttled=0 failed=1 last_error="boom"`}
 	if got := a.take(20); !reflect.DeepEqual(got, want) {
 		t.Errorf("got %q, want %q", got, want)
 	}
