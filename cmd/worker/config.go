@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -243,4 +244,32 @@ func (r *Rules) Decode(s string) error {
 	}
 	*r = rules
 	return nil
+}
+
+// concurrencyAdvice returns a warning for each rule under which one tenant alone can be
+// admitted faster than the workers can wait for: a task woken for its slot waits up to
+// maxWait in its handler, and at most concurrency - 1 handlers may wait (worker.Config
+// .Concurrency), so a tenant admitted at rate r needs about r x maxWait of them (the
+// README's concurrency rule). Below that, tasks come back after their slots and are
+// denied again: fewer runs than the limit allows, and many more denials. The rate is the
+// rule's smallest events/window over its quotas (a tenant is bound by all of them);
+// more tenants need more workers still, which a rule alone does not tell.
+func concurrencyAdvice(rules Rules, concurrency int, maxWait time.Duration) []string {
+	var out []string
+	for _, r := range rules {
+		rate := -1.0
+		for _, q := range r.Quotas {
+			if qr := float64(q.Limit.Events) / q.Limit.Window.Seconds(); rate < 0 || qr < rate {
+				rate = qr
+			}
+		}
+		need := int(math.Ceil(rate*maxWait.Seconds())) + 1
+		if rate < 0 || need <= concurrency {
+			continue
+		}
+		out = append(out, fmt.Sprintf("warning: rule %s admits one tenant up to %.4g tasks/s, and a task waits up to %s for its slot "+
+			"in its handler; WORKER_CONCURRENCY=%d lets %d wait: expect fewer runs than the limit and repeated denials, "+
+			"or set WORKER_CONCURRENCY to %d or more (README, the concurrency rule)", r, rate, maxWait, concurrency, max(concurrency-1, 0), need))
+	}
+	return out
 }

@@ -289,3 +289,37 @@ func TestAsynqConfig(t *testing.T) {
 			"want 45s 7 300ms map[default:1] warn", ac.ShutdownTimeout, ac.Concurrency, ac.DelayedTaskCheckInterval, ac.Queues, ac.LogLevel)
 	}
 }
+
+// TestConcurrencyAdvice: tenant=20/1s needs 20 x 2 s + 1 = 41 workers (40 waiting, one
+// left for tasks due now): with 3 the worker warns and names 41; tenant=5/2s type=2/1s
+// binds one tenant at 2/s (the smaller), which 10 workers keep up with; so does the
+// default rule, tenant=5/2s.
+func TestConcurrencyAdvice(t *testing.T) {
+	var rules Rules
+	if err := rules.Decode("api:call tenant=20/1s; mail:send tenant=5/2s type=2/1s"); err != nil {
+		t.Fatal(err)
+	}
+	got := concurrencyAdvice(rules, 3, 2*time.Second)
+	want := []string{
+		"warning: rule api:call tenant=20/1s admits one tenant up to 20 tasks/s, and a task waits up to 2s for its slot in its handler; " +
+			"WORKER_CONCURRENCY=3 lets 2 wait: expect fewer runs than the limit and repeated denials, " +
+			"or set WORKER_CONCURRENCY to 41 or more (README, the concurrency rule)",
+		"warning: rule mail:send tenant=5/2s type=2/1s admits one tenant up to 2 tasks/s, and a task waits up to 2s for its slot in its handler; " +
+			"WORKER_CONCURRENCY=3 lets 2 wait: expect fewer runs than the limit and repeated denials, " +
+			"or set WORKER_CONCURRENCY to 5 or more (README, the concurrency rule)",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("concurrency 3:\n got %q\nwant %q", got, want)
+	}
+	if got := concurrencyAdvice(rules[1:], 10, 2*time.Second); len(got) != 0 {
+		t.Errorf("mail:send at concurrency 10: %q, want no warning", got)
+	}
+	clearEnv(t)
+	c, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := concurrencyAdvice(c.Rules, c.Concurrency, 2*time.Second); len(got) != 0 {
+		t.Errorf("the defaults: %q, want no warning", got)
+	}
+}

@@ -168,6 +168,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	for _, r := range cfg.Rules {
 		logger.Printf("rule %s", r)
 	}
+	for _, w := range concurrencyAdvice(cfg.Rules, cfg.Concurrency, worker.DefaultMaxWait) {
+		logger.Print(w)
+	}
 	logger.Printf("redis %s", cfg.Redis)
 	logger.Printf("queues %s concurrency %d forwarder interval %s shutdown timeout %s tenant header %q key prefix %q",
 		cfg.Queues, cfg.Concurrency, cfg.ForwarderInterval, cfg.ShutdownTimeout, cfg.TenantHeader, cfg.Prefix)
