@@ -56,3 +56,30 @@ func TestLimiter_AllowAt_holeNeedsExactCheck(t *testing.T) {
 			RetryAfter: msDuration(9_998), At: 9_002}},
 	})
 }
+
+// TestLimiter_AllowAt_fairSearchStopsAtOwnSlot: the fair search takes a reservation only
+// before the event's own earliest instant. Type quota 1/1s: X admitted at 0, B's R1-R3
+// reserve 1000, 2000 and 3000 (fair tags 1, 2 and 3 units), R2 is released: a hole at
+// 2000. A's first task (tag 1 unit) ranks second, at B's R3 (3000), but its own earliest
+// instant is the hole: it reserves 2000, and R3 stays at 3000. Taking R3's slot would
+// have given A a later one and moved R3 ahead of its turn.
+func TestLimiter_AllowAt_fairSearchStopsAtOwnSlot(t *testing.T) {
+	t.Parallel()
+	typ := msQuota(throttle.ScopeType, 1, 1_000)
+	q := []throttle.Quota{typ}
+	reserved := func(retry int64) *modelDecision {
+		return &modelDecision{Reserved: true, Quota: typ, Count: 1, Remaining: 0, RetryAfter: msDuration(retry), At: 0}
+	}
+	m := checkSequence(t, []modelStep{
+		{at: 0, tenant: "X", quotas: q, token: "X1", want: &modelDecision{Allowed: true, Quota: typ, Count: 1, Remaining: 0, At: 0}},
+		{at: 0, tenant: "B", quotas: q, token: "R1", want: reserved(1_000)},
+		{at: 0, tenant: "B", quotas: q, token: "R2", want: reserved(2_000)},
+		{at: 0, tenant: "B", quotas: q, token: "R3", want: reserved(3_000)},
+		{at: 0, tenant: "B", quotas: q, token: "R2", release: true},
+		{at: 0, tenant: "A", quotas: q, token: "A1", want: reserved(2_000)},
+	})
+	st := m.logs[modelLogOf(throttle.Key{TaskType: "api:call", Tenant: "A"}, throttle.ScopeType)]
+	if got := st.pending["1:R3"]; got != 3_000 {
+		t.Errorf("R3 pending at %d, want 3000 (not displaced)", got)
+	}
+}
