@@ -356,16 +356,15 @@ repeat
   local part = string.sub(key, #base + 1)
   local pkey = base .. 'pending:' .. part
   if flags >= 4 then
-    -- The oldest pending reservation: none may lapse (general lapses them). Pending at or
-    -- before now - W, the trim may have taken its L entry: then, unless the token's L
-    -- entry was found, P says whether the token holds it (a late claim, for general).
-    -- Otherwise the token holds a reservation on the log iff its L entry is there.
-    local oldest = redis.call('ZRANGE', pkey, '0', '0', 'WITHSCORES')[2]
-    if oldest then
-      oldest = tonumber(oldest)
-      if oldest <= now - ct or oldest <= now - w and not r[4] and redis.call('ZSCORE', pkey, pm) then
-        break
-      end
+    -- None pending may lapse (general lapses them). One pending at or before now - W may
+    -- have left L (the trim): then, unless the token's L entry was found, P says whether
+    -- the token holds it (a late claim, for general). Otherwise the token holds a
+    -- reservation on the log iff its L entry is there. Reads without scores (each
+    -- returned score is a %.17g format): one in the common case, none pending that old.
+    if #redis.call('ZRANGEBYSCORE', pkey, FLOOR, string.format('%d', now - (ct < w and ct or w)), 'LIMIT', '0', '1') > 0 and
+      (ct <= w or #redis.call('ZRANGEBYSCORE', pkey, FLOOR, string.format('%d', now - ct), 'LIMIT', '0', '1') > 0 or
+        not r[4] and redis.call('ZSCORE', pkey, pm)) then
+      break
     end
   end
   if r[4] then
