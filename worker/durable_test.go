@@ -44,8 +44,9 @@ func TestDurableNotReplicated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	logs := &syncBuffer{}
 	mw, err := worker.New(lim, worker.Config{Rules: mustRules(t, "dur:call tenant=2/1m"), Redis: rdb,
-		UnavailableWait: 1500 * time.Millisecond, Metrics: metrics, Logger: slog.New(slog.NewTextHandler(&syncBuffer{}, nil))})
+		UnavailableWait: 1500 * time.Millisecond, Metrics: metrics, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,6 +85,10 @@ func TestDurableNotReplicated(t *testing.T) {
 	}
 	if got := toFloat64(t, metrics.Decisions.WithLabelValues("dur:call", worker.OutcomeUnavailable)); got != 1 {
 		t.Errorf("%g decisions counted unavailable, want 1", got)
+	}
+	// One warning says why the task went back (at most one per 10s).
+	if out := logs.String(); strings.Count(out, "the limiter could not decide") != 1 || !strings.Contains(out, "0 of 1 replicas acknowledged it within 500ms") {
+		t.Errorf("log:\n%s\nwant one line saying the limiter could not decide, with the replicas' count", out)
 	}
 	logKey := lim.RedisKey(throttle.Key{TaskType: "dur:call", Tenant: "acme"}, throttle.ScopeTenant)
 	if got := len(admissions(t, limRDB, logKey)); got != 1 || runs() != 0 {

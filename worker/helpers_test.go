@@ -106,6 +106,13 @@ func (b *syncBuffer) Write(p []byte) (int, error) {
 	return b.buf.Write(p)
 }
 
+// String returns what was written so far.
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
 // records returns the JSON log records written so far (slog.NewJSONHandler lines).
 func (b *syncBuffer) records(t *testing.T) []map[string]any {
 	t.Helper()

@@ -201,6 +201,7 @@ var ErrUnavailable = errors.New("worker: limiter unavailable")
 const UnavailableRetryDelay = 5 * time.Second
 
 type middleware struct {
+	lastUnavail  atomic.Int64 // unix ns of the last "limiter unavailable" log line
 	lim          *throttle.Limiter
 	claimTimeout time.Duration
 	weight       func(throttle.Key) int
@@ -393,6 +394,7 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 		return next.ProcessTask(ctx, task)
 	case err != nil:
 		m.metrics.count(key, OutcomeUnavailable)
+		m.logUnavailable(key, err)
 		return m.later(ctx, task, fmt.Errorf("%w: %w", ErrUnavailable, err), m.now().Add(UnavailableRetryDelay), "", 0)
 	}
 	m.checkSkew(key, d)
@@ -726,4 +728,22 @@ func (m *middleware) later(ctx context.Context, task *asynq.Task, err error, ret
 		m.metrics.delayed(key, outcome, delay)
 	}
 	return m.deferTask(ctx, task, err, retryAt, maxRetry-retried)
+}
+
+// unavailableLogEvery is how often at most the middleware logs that the limiter could not
+// decide: an outage or durable mode's unacknowledged admissions would otherwise leave
+// tasks waiting with nothing in the log but a metric.
+const unavailableLogEvery = 10 * time.Second
+
+// logUnavailable logs, at most once per unavailableLogEvery, that a task goes back to
+// asynq because the limiter could not decide it, with the error
+// (throttle.ErrNotReplicated's says how many replicas acknowledged).
+func (m *middleware) logUnavailable(key throttle.Key, err error) {
+	now := time.Now().UnixNano()
+	last := m.lastUnavail.Load()
+	if now-last < int64(unavailableLogEvery) || !m.lastUnavail.CompareAndSwap(last, now) {
+		return
+	}
+	m.log.Warn("throttle: the limiter could not decide; tasks go back to asynq for UnavailableRetryDelay (counted as unavailable), logged at most every 10s",
+		"task_type", quote.Cut(key.TaskType), "tenant", quote.Cut(key.Tenant), "err", err)
 }

@@ -126,7 +126,7 @@ func runPause(e *env, args []string) int {
 	if j.InForce.After(j.Until) {
 		fmt.Fprintf(e.stdout, "a pause until %s was already in force: the later end stays\n", fmtTime(j.InForce))
 	}
-	fmt.Fprintln(e.stdout, "every worker denies its tasks until then and re-queues them for then; 'throttle resume' lifts it")
+	fmt.Fprintln(e.stdout, "every worker denies its tasks until then, re-queueing them for then or a minute later, whichever is sooner; 'throttle resume' lifts it")
 	return exitOK
 }
 

@@ -129,15 +129,15 @@ func (a *activity) take(maxLines int) []string {
 func (t *tally) total() int { return t.ran + t.throttled + t.failed }
 
 // String is "ran=R throttled=T", with " failed=F" when F > 0, and then, for one (task
-// type, tenant), the latest failure's error: ` last_error="..."` (quoted and cut to
-// quote.MaxBytes, as tenants are), so that a failing handler shows why in the log.
+// type, tenant), the latest failure's error: ` last_error="..."` (quoted, and cut to
+// quote.MaxErrorBytes, 256), so that a failing handler shows why in the log.
 func (t *tally) String() string {
 	s := fmt.Sprintf("ran=%d throttled=%d", t.ran, t.throttled)
 	if t.failed > 0 {
 		s += fmt.Sprintf(" failed=%d", t.failed)
 	}
 	if t.lastErr != "" {
-		s += " last_error=" + quote.Quote(t.lastErr)
+		s += " last_error=" + quote.QuoteError(t.lastErr)
 	}
 	return s
 }

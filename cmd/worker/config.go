@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"github.com/redis/go-redis/v9"
 	"math"
 	"net"
 	"net/url"
@@ -267,9 +269,25 @@ func concurrencyAdvice(rules Rules, concurrency int, maxWait time.Duration) []st
 		if rate < 0 || need <= concurrency {
 			continue
 		}
-		out = append(out, fmt.Sprintf("warning: rule %s admits one tenant up to %.4g tasks/s, and a task waits up to %s for its slot "+
+		out = append(out, fmt.Sprintf("warning: rule %s admits one tenant at up to %.4g/s, and a task waits up to %s for its slot "+
 			"in its handler; WORKER_CONCURRENCY=%d lets %d wait: expect fewer runs than the limit and repeated denials, "+
 			"or set WORKER_CONCURRENCY to %d or more (README, the concurrency rule)", r, rate, maxWait, concurrency, max(concurrency-1, 0), need))
 	}
 	return out
+}
+
+// connectedReplicas returns the connected_slaves of INFO replication on the server rdb
+// writes to (on a Redis Cluster, of one master), and false if it cannot be read.
+func connectedReplicas(ctx context.Context, rdb redis.UniversalClient) (int, bool) {
+	info, err := rdb.Info(ctx, "replication").Result()
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "connected_slaves:"); ok {
+			n, err := strconv.Atoi(v)
+			return n, err == nil
+		}
+	}
+	return 0, false
 }

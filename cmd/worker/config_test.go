@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"os"
 	"reflect"
@@ -11,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -301,10 +303,10 @@ func TestConcurrencyAdvice(t *testing.T) {
 	}
 	got := concurrencyAdvice(rules, 3, 2*time.Second)
 	want := []string{
-		"warning: rule api:call tenant=20/1s admits one tenant up to 20 tasks/s, and a task waits up to 2s for its slot in its handler; " +
+		"warning: rule api:call tenant=20/1s admits one tenant at up to 20/s, and a task waits up to 2s for its slot in its handler; " +
 			"WORKER_CONCURRENCY=3 lets 2 wait: expect fewer runs than the limit and repeated denials, " +
 			"or set WORKER_CONCURRENCY to 41 or more (README, the concurrency rule)",
-		"warning: rule mail:send tenant=5/2s type=2/1s admits one tenant up to 2 tasks/s, and a task waits up to 2s for its slot in its handler; " +
+		"warning: rule mail:send tenant=5/2s type=2/1s admits one tenant at up to 2/s, and a task waits up to 2s for its slot in its handler; " +
 			"WORKER_CONCURRENCY=3 lets 2 wait: expect fewer runs than the limit and repeated denials, " +
 			"or set WORKER_CONCURRENCY to 5 or more (README, the concurrency rule)",
 	}
@@ -321,5 +323,32 @@ func TestConcurrencyAdvice(t *testing.T) {
 	}
 	if got := concurrencyAdvice(c.Rules, c.Concurrency, 2*time.Second); len(got) != 0 {
 		t.Errorf("the defaults: %q, want no warning", got)
+	}
+}
+
+// TestConnectedReplicas: a server alone has 0 replicas connected; once one has attached
+// (replicaof), 1; a server that is down cannot tell.
+func TestConnectedReplicas(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := redistest.StartServer(t)
+	rdb := srv.Client()
+	if n, ok := connectedReplicas(ctx, rdb); n != 0 || !ok {
+		t.Errorf("alone: %d, %v; want 0, true", n, ok)
+	}
+	host, port, _ := strings.Cut(srv.Addr, ":")
+	redistest.StartServer(t, "--replicaof", host, port)
+	deadline := time.Now().Add(10 * time.Second)
+	for n, _ := connectedReplicas(ctx, rdb); n != 1; n, _ = connectedReplicas(ctx, rdb) {
+		if time.Now().After(deadline) {
+			t.Fatalf("with a replica: %d connected after 10s, want 1", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	down := redistest.StartServer(t)
+	dc := down.Client()
+	down.Stop()
+	if n, ok := connectedReplicas(ctx, dc); ok {
+		t.Errorf("down: %d, true; want false", n)
 	}
 }

@@ -177,6 +177,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	logger.Printf("clock %s (max skew %s), fail open %t", cfg.Clock, cfg.MaxSkew, cfg.FailOpen)
 	if cfg.MinReplicas > 0 {
 		logger.Printf("durable: an admission runs its task once %d replica(s) acknowledged it within %s", cfg.MinReplicas, cfg.ReplicaTimeout)
+		if n, ok := connectedReplicas(ctx, rdb); ok && n < cfg.MinReplicas {
+			logger.Printf("warning: durable: the Redis master has %d replica(s) connected, fewer than THROTTLE_MIN_REPLICAS=%d: "+
+				"no admission is acknowledged, so no throttled task runs, until enough replicas connect", n, cfg.MinReplicas)
+		}
 	}
 	logger.Printf("tiers and overrides from %s (cmd/throttle limits), checked every %s", overrides.Key(), worker.DefaultOverrideInterval)
 	h := demoHandler{url: cfg.DemoAPIURL, work: cfg.WorkTime, tenantHeader: cfg.TenantHeader,

@@ -163,7 +163,7 @@ func TestRun_redisDBOutOfRangeExits2(t *testing.T) {
 }
 
 // activityLine matches a per-interval line of the worker's log.
-var activityLine = regexp.MustCompile(`^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (\S+) tenant="(\S+)" ran=(\d+) throttled=(\d+)( failed=\d+ last_error=".*")?$`)
+var activityLine = regexp.MustCompile(`^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (\S+) tenant="(\S+)" ran=(\d+) throttled=(\d+)( failed=\d+ last_error=".*"(\.\.\.\(\d+ bytes\))?)?$`)
 
 // TestRun_endToEnd runs the worker against a throwaway redis-server with
 // "api:call tenant=5/1s" and 3 tenants x 20 tasks: all 60 complete, none is archived or

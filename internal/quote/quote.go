@@ -42,19 +42,29 @@ func Cut(s string) string {
 	return s[:cut(s)] + suffix(s)
 }
 
+// MaxErrorBytes is the most bytes of an error text that QuoteError shows: an error's
+// cause comes last, after its context.
+const MaxErrorBytes = 256
+
+// QuoteError is Quote for an error's text, cut to MaxErrorBytes instead of MaxBytes.
+func QuoteError(err string) string { return showUpTo(err, true, MaxErrorBytes) }
+
 // show returns s cut to MaxBytes, quoted if quote is set or s needs it (see Name), then
 // "...(N bytes)" if s was cut.
-func show(s string, quote bool) string {
+func show(s string, quote bool) string { return showUpTo(s, quote, MaxBytes) }
+
+// showUpTo is show with max bytes instead of MaxBytes.
+func showUpTo(s string, quote bool, max int) string {
 	shown := s
-	if len(s) > MaxBytes {
-		shown = s[:cut(s)]
+	if len(s) > max {
+		shown = s[:cutAt(s, max)]
 	}
 	if quote || shown == "" || !utf8.ValidString(shown) || strings.ContainsFunc(shown, func(r rune) bool {
 		return r == '"' || r == ' ' || !strconv.IsPrint(r)
 	}) {
 		shown = strconv.Quote(shown)
 	}
-	if len(s) > MaxBytes {
+	if len(s) > max {
 		shown += suffix(s)
 	}
 	return shown
@@ -63,9 +73,12 @@ func show(s string, quote bool) string {
 // cut is where to cut s, longer than MaxBytes: MaxBytes, moved back to the start of the
 // character it falls in (at most utf8.UTFMax-1 bytes back: bytes that are not UTF-8 are
 // cut where they are), so that a valid character is never shown as bytes.
-func cut(s string) int {
-	c := MaxBytes
-	for c > MaxBytes-(utf8.UTFMax-1) && !utf8.RuneStart(s[c]) {
+func cut(s string) int { return cutAt(s, MaxBytes) }
+
+// cutAt is cut at max bytes instead of MaxBytes (s is longer than max).
+func cutAt(s string, max int) int {
+	c := max
+	for c > max-(utf8.UTFMax-1) && !utf8.RuneStart(s[c]) {
 		c--
 	}
 	return c

@@ -1,6 +1,7 @@
 package quote_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -46,5 +47,19 @@ func TestQuoteNameCut(t *testing.T) {
 		if got := quote.Cut(tc.s); got != tc.cut {
 			t.Errorf("Cut(%.30q) = %q, want %q", tc.s, got, tc.cut)
 		}
+	}
+}
+
+// TestQuoteError: an error's text is quoted whole up to MaxErrorBytes (256), so that its
+// cause, which comes last, shows; a longer one is cut there, with its length.
+func TestQuoteError(t *testing.T) {
+	t.Parallel()
+	e := `demo: api:call for tenant "acme": Post "http://127.0.0.1:6399/x": dial tcp 127.0.0.1:6399: connect: connection refused`
+	if got, want := quote.QuoteError(e), strconv.Quote(e); got != want {
+		t.Errorf("QuoteError(%d bytes) = %s, want %s", len(e), got, want)
+	}
+	long := strings.Repeat("x", 300)
+	if got, want := quote.QuoteError(long), strconv.Quote(long[:256])+"...(300 bytes)"; got != want {
+		t.Errorf("QuoteError(300 bytes) = %s, want %s", got, want)
 	}
 }
