@@ -21,8 +21,8 @@
 // this worker's next start, or on another worker). Exit status: 0 after a shutdown by
 // SIGINT or SIGTERM (a second one kills it at once); 1 if Redis does not answer within 5s
 // at start, or asynq cannot start; 2 for a malformed variable (reported on stderr, naming
-// it), a REDIS_DB the Redis does not have, an argument, or a METRICS_ADDR it cannot
-// listen on.
+// it), a REDIS_DB the Redis does not have, a REDIS_ADDR list of a Redis that is not a
+// cluster, an argument, or a METRICS_ADDR it cannot listen on.
 package main
 
 import (
@@ -101,7 +101,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	pingCtx, cancel := context.WithTimeout(ctx, redisPingTimeout)
 	err = cfg.Redis.Ping(pingCtx, rdb) // for Sentinel it says what is wrong: the addresses, the name, the master
 	cancel()
-	if errors.Is(err, redisenv.ErrNoSuchDB) { // REDIS_DB=99: a bad value, not an outage
+	if errors.Is(err, redisenv.ErrNoSuchDB) || errors.Is(err, redisenv.ErrNotCluster) { // REDIS_DB=99, a bad REDIS_ADDR: a bad value, not an outage
 		fmt.Fprintln(stderr, err)
 		return exitConfig
 	}
@@ -264,8 +264,8 @@ func usage(w io.Writer) {
 		"then asynq cancels the context of each one still running and puts it back in its queue (pending, no retry\n"+
 		"spent), to run again from the start. A second signal kills the worker at once.\n"+
 		"\nExit status: 0 after a shutdown by SIGINT or SIGTERM; 1 if Redis does not answer within %s at start\n"+
-		"or asynq cannot start; 2 for a malformed variable, a REDIS_DB the Redis does not have, an argument,\n"+
-		"or a METRICS_ADDR it cannot listen on.\n", redisPingTimeout)
+		"or asynq cannot start; 2 for a malformed variable, a REDIS_DB the Redis does not have, a REDIS_ADDR\n"+
+		"list of a Redis that is not a cluster, an argument, or a METRICS_ADDR it cannot listen on.\n", redisPingTimeout)
 }
 
 const usageFormat = "{{range .}}{{usage_key .}}\t{{usage_default .}}\t{{usage_description .}}\n{{end}}"

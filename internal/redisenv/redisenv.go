@@ -112,16 +112,22 @@ func (c Config) Validate() error {
 // no database REDIS_DB: a bad value of the variable, not an outage.
 var ErrNoSuchDB = errors.New("redisenv: REDIS_DB names a database the Redis server does not have")
 
-// noSuchDBError is Ping's error for a database the server does not have: ErrNoSuchDB
-// under errors.Is, and Redis's own error under errors.As.
-type noSuchDBError struct {
-	msg string
-	err error // Redis's
+// ErrNotCluster matches, under errors.Is, the error of Config.Ping when REDIS_ADDR lists
+// several addresses (a Redis Cluster) without REDIS_MASTER_NAME but the Redis there is not
+// in cluster mode: a bad value, not an outage.
+var ErrNotCluster = errors.New("redisenv: REDIS_ADDR lists several addresses of a Redis that is not a cluster")
+
+// pingError is Ping's error for a bad REDIS_* value that Redis's reply shows: kind
+// (ErrNoSuchDB, ErrNotCluster) under errors.Is, and Redis's own error under errors.As.
+type pingError struct {
+	msg  string
+	err  error // Redis's
+	kind error
 }
 
-func (e *noSuchDBError) Error() string        { return e.msg }
-func (e *noSuchDBError) Unwrap() error        { return e.err }
-func (e *noSuchDBError) Is(target error) bool { return target == ErrNoSuchDB }
+func (e *pingError) Error() string        { return e.msg }
+func (e *pingError) Unwrap() error        { return e.err }
+func (e *pingError) Is(target error) bool { return target == e.kind }
 
 // checkAddr reports why a is not host:port.
 func checkAddr(a string) error {
@@ -214,14 +220,14 @@ func (c Config) Ping(ctx context.Context, rdb redis.UniversalClient) error {
 	err := rdb.Ping(ctx).Err()
 	var rerr redis.Error
 	if errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "ERR DB index is out of range") {
-		return &noSuchDBError{err: err, msg: fmt.Sprintf("redisenv: REDIS_DB=\"%d\": the Redis at REDIS_ADDR=%q has no database %d (%v); "+
+		return &pingError{kind: ErrNoSuchDB, err: err, msg: fmt.Sprintf("redisenv: REDIS_DB=\"%d\": the Redis at REDIS_ADDR=%q has no database %d (%v); "+
 			"it has databases 0 to N-1, N its \"databases\" setting (16 by default)", c.DB, c.Addr, c.DB, err)}
 	}
 	if err != nil && c.MasterName == "" && len(c.Addrs()) > 1 && errors.As(err, &rerr) &&
 		strings.Contains(rerr.Error(), "cluster support disabled") {
-		return fmt.Errorf("redisenv: REDIS_ADDR=%q lists %d addresses, which means Redis Cluster nodes (or Sentinels, "+
-			"with REDIS_MASTER_NAME), but the Redis there is not in cluster mode (%w): give one address for a single Redis",
-			c.Addr, len(c.Addrs()), err)
+		return &pingError{kind: ErrNotCluster, err: err, msg: fmt.Sprintf("redisenv: REDIS_ADDR=%q lists %d addresses, "+
+			"which means Redis Cluster nodes (or Sentinels, with REDIS_MASTER_NAME), but the Redis there is not in cluster mode (%v): "+
+			"give one address for a single Redis", c.Addr, len(c.Addrs()), err)}
 	}
 	if err == nil || c.MasterName == "" {
 		return err

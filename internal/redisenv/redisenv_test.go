@@ -320,7 +320,7 @@ func TestConfig_Ping(t *testing.T) {
 	err = ping(redisenv.Config{Addr: list})
 	want = `redisenv: REDIS_ADDR="` + list + `" lists 2 addresses, which means Redis Cluster nodes (or Sentinels, with REDIS_MASTER_NAME), ` +
 		`but the Redis there is not in cluster mode (ERR This instance has cluster support disabled): give one address for a single Redis`
-	if err == nil || err.Error() != want {
-		t.Errorf("a list of standalone servers: %v\nwant %s", err, want)
+	if err == nil || err.Error() != want || !errors.Is(err, redisenv.ErrNotCluster) || errors.Is(err, redisenv.ErrNoSuchDB) {
+		t.Errorf("a list of standalone servers: %v\nwant %s (ErrNotCluster, not ErrNoSuchDB)", err, want)
 	}
 }
