@@ -859,7 +859,7 @@ end
 -- c_remove), so ZREM takes at most K_RENUM members and ZADD 2 * K_RENUM + 2 values.
 local function c_shift(log, cms, ss, delta, extra)
   if #cms > 0 then
-    redis.call('ZREM', log.C, unpack(cms))
+    redis.call('ZREM', log.C, unpack(cms)) -- at most K_RENUM members (above)
   end
   local add = extra
   for i, cm in ipairs(cms) do
@@ -867,7 +867,7 @@ local function c_shift(log, cms, ss, delta, extra)
     add[#add + 1] = cum_member(cum_of(cm) + delta, string.sub(cm, 17))
   end
   if #add > 0 then
-    redis.call('ZADD', log.C, unpack(add))
+    redis.call('ZADD', log.C, unpack(add)) -- at most 2 * K_RENUM + 2 values (above)
   end
 end
 
@@ -933,7 +933,7 @@ local function flush(log)
   if #log.add > 0 then
     -- At most 3 entries: put runs at most three times on a log between flushes (this
     -- event, or its claim, and a displaced reservation's move).
-    redis.call('ZADD', log.L, unpack(log.add))
+    redis.call('ZADD', log.L, unpack(log.add)) -- at most 6 values: 3 entries (above)
     log.add = {}
   end
 end
@@ -988,7 +988,7 @@ local function finish(log, now, claim_timeout)
   elseif log.has_f then
     redis.call('ZREM', log.L, '#f')
   end
-  redis.call('ZADD', log.L, unpack(add)) -- the queued entries (at most 3) and 2 sentinels
+  redis.call('ZADD', log.L, unpack(add)) -- at most 10 values: the queued entries (at most 3) and 2 sentinels
   log.add = {}
   redis.call('ZREMRANGEBYSCORE', log.L, FLOOR, floor)
   local ttl = math.max(log.hiw, now) - now + log.wmax + SLACK

@@ -324,24 +324,17 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 		return nil, err
 	}
 	types := m.limits.Load().taskTypes()
-	if len(types) > 0 && !cfg.NoEvictionCheck {
-		ctx := cfg.Context
-		if ctx == nil {
-			ctx = context.Background()
-		}
-		ctx, cancel := context.WithTimeout(ctx, evictionCheckTimeout)
-		_, _ = CheckEvictionPolicy(ctx, cfg.Redis, m.log, m.metrics) // logged; a worker runs either way
-		cancel()
-	}
 	if len(types) > 0 {
 		ctx := cfg.Context
 		if ctx == nil {
 			ctx = context.Background()
 		}
 		ctx, cancel := context.WithTimeout(ctx, evictionCheckTimeout)
-		err := lim.CheckServer(ctx) // a Redis 6 would fail every task that must wait
-		cancel()
-		if err != nil {
+		defer cancel()
+		if !cfg.NoEvictionCheck {
+			_, _ = CheckEvictionPolicy(ctx, cfg.Redis, m.log, m.metrics) // logged; a worker runs either way
+		}
+		if err := lim.CheckServer(ctx); err != nil { // a Redis 6 would fail every task that must wait
 			return nil, fmt.Errorf("worker: %w", err)
 		}
 	}
@@ -739,7 +732,7 @@ const unavailableLogEvery = 10 * time.Second
 // asynq because the limiter could not decide it, with the error
 // (throttle.ErrNotReplicated's says how many replicas acknowledged).
 func (m *middleware) logUnavailable(key throttle.Key, err error) {
-	now := time.Now().UnixNano()
+	now := m.now().UnixNano()
 	last := m.lastUnavail.Load()
 	if now-last < int64(unavailableLogEvery) || !m.lastUnavail.CompareAndSwap(last, now) {
 		return
