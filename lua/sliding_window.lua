@@ -88,7 +88,11 @@
 -- ARGV for a decision:
 --   1 now_ms ("": the server's TIME)   2 member (unique per event), after a "!" when fresh
 --   (never sent before, so not a replay: not looked for)   3 the sentinel score
---   for now_ms, as a string ("-2^51 + 16 * now_ms")   4 max_skew_ms ("0": trust now_ms)
+--   for now_ms, as a string ("-2^51 + 16 * now_ms")   4 max_skew_ms: "0" trusts now_ms;
+--   "<ms>" checks it against the server's TIME before a write (the skew check: further
+--   than ms from it, the call is decided at TIME, skewed); "~<ms>" trusts it, the caller
+--   having checked its clock against TIME within the last second (throttle.Limiter's
+--   clock check), so no TIME is read for the check; ms also sets SLACK
 --   5 "" for a cost-1 event with no reservation, else
 --     "<cost>:<wait>:<claim timeout>:<claim wait>:<weight>:<n>:<token><n>:<holder><tenant>"
 --     (times in ms; token and holder prefixed by their byte lengths), after "p<priority>:"
@@ -117,7 +121,12 @@ local FAIR_UNIT = 1000000
 -- an admission may be stamped up to max_skew before the server's clock when it runs,
 -- and its entry up to max_skew after it, so a key expiring a window after its last write
 -- could vanish while a late-stamped call should still count its entries.
-local SLACK = ARGV[4] and ARGV[4] ~= '0' and 2 * tonumber(ARGV[4]) or 0
+local MAX_SKEW = ARGV[4]
+local CHECK = MAX_SKEW ~= nil and MAX_SKEW ~= '0' -- the skew check (ARGV[4], INTERFACE)
+if CHECK and string.byte(MAX_SKEW, 1) == 126 then -- "~<ms>": the caller vouches for now_ms
+  MAX_SKEW, CHECK = string.sub(MAX_SKEW, 2), false
+end
+local SLACK = MAX_SKEW and MAX_SKEW ~= '0' and 2 * tonumber(MAX_SKEW) or 0
 
 -- ---------------------------------------------------------------------------------------
 -- The fast path: an event of cost 1 on logs that hold no reservation, no weighted entry
@@ -188,10 +197,10 @@ repeat
       end
       return {0, lo, e[2] + w - caller, now}
     end
-    if ARGV[4] ~= '0' then -- the skew check, before a write
+    if CHECK then -- the skew check, before a write
       local t = redis.call('TIME')
       server_ms = t[1] * 1000 + math.floor(t[2] / 1000)
-      if math.abs(caller - server_ms) > tonumber(ARGV[4]) then
+      if math.abs(caller - server_ms) > tonumber(MAX_SKEW) then
         break
       end
     end
@@ -277,10 +286,10 @@ repeat
     end
     return {0, lo[binding], t - caller, now, binding}
   end
-  if ARGV[4] ~= '0' then -- the skew check, before a write
+  if CHECK then -- the skew check, before a write
     local tm = redis.call('TIME')
     server_ms = tm[1] * 1000 + math.floor(tm[2] / 1000)
-    if math.abs(caller - server_ms) > tonumber(ARGV[4]) then
+    if math.abs(caller - server_ms) > tonumber(MAX_SKEW) then
       break
     end
   end
@@ -321,10 +330,10 @@ repeat
   end
   local wait, ct, cw, weight, n, rest = string.match(extra, '^1:(%d+):(%d+):(%d+):(%d+):(%d+):(.*)$')
   local caller, server_ms = tonumber(ARGV[1]), 0
-  if ARGV[4] ~= '0' then -- the skew check, as general's read_clock
+  if CHECK then -- the skew check, as general's read_clock
     local tm = redis.call('TIME')
     server_ms = tm[1] * 1000 + math.floor(tm[2] / 1000)
-    if math.abs(caller - server_ms) > tonumber(ARGV[4]) then
+    if math.abs(caller - server_ms) > tonumber(MAX_SKEW) then
       break
     end
   end
@@ -565,7 +574,7 @@ repeat
       end
     end
   end
-  return {8, lo, (victim and vs or t) - caller, now, 1, ARGV[4] ~= '0' and server_ms or 0}
+  return {8, lo, (victim and vs or t) - caller, now, 1, MAX_SKEW ~= '0' and server_ms or 0}
 until true
 
 -- ---------------------------------------------------------------------------------------
@@ -573,13 +582,14 @@ until true
 -- alike, with fewer steps, and break out to here, having written nothing, for everything
 -- else). Its functions are defined only when a call gets here.
 
--- read_clock returns the caller's instant (ARGV[1], or the server's TIME if it is "" or
--- further than ARGV[4] ms from it), the server's TIME in ms (0 when not read: ARGV[1]
--- given and ARGV[4] = "0"), and 1 if the server's clock replaced the caller's.
+-- read_clock returns the caller's instant (ARGV[1], or the server's TIME if it is "" or,
+-- with the skew check (CHECK), further than MAX_SKEW ms from it), the server's TIME in ms
+-- (0 when not read: ARGV[1] given and no check), and 1 if the server's clock replaced the
+-- caller's.
 local function read_clock()
-  local now_arg, max_skew = ARGV[1], ARGV[4]
+  local now_arg = ARGV[1]
   local server_ms = 0
-  if now_arg == '' or max_skew ~= '0' then
+  if now_arg == '' or CHECK then
     local t = redis.call('TIME')
     server_ms = t[1] * 1000 + math.floor(t[2] / 1000)
   end
@@ -587,7 +597,7 @@ local function read_clock()
     return server_ms, server_ms, 0
   end
   local caller = tonumber(now_arg)
-  if max_skew ~= '0' and math.abs(caller - server_ms) > tonumber(max_skew) then
+  if CHECK and math.abs(caller - server_ms) > tonumber(MAX_SKEW) then
     return server_ms, server_ms, 1
   end
   return caller, server_ms, 0
@@ -1527,7 +1537,7 @@ if not placed then
 end
 
 local created = server_ms
-if created == 0 then -- AllowAt does not read the clock; a lease records the server's
+if created == 0 then -- AllowAt and a vouched clock (no CHECK) do not read it; a lease records the server's
   local t = redis.call('TIME')
   created = t[1] * 1000 + math.floor(t[2] / 1000)
 end

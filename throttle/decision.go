@@ -49,10 +49,12 @@ type Decision struct {
 	// clock is behind it (so no window is ever counted after another call trimmed it); or,
 	// for an admission for a later slot, that slot.
 	At time.Time
-	// ServerTime is the Redis server's TIME during the call, to observe clock skew; the
-	// zero Time when the call did not read it: after AllowAt (its instant is deliberate),
-	// and on a denial that wrote nothing (TIME is read, for the skew check, only before a
-	// write: a read-only denial cannot corrupt a log whatever the caller's clock).
+	// ServerTime is the Redis server's TIME during the call, to observe clock skew, or,
+	// when the Limiter vouched for its clock without asking (Config.MaxSkew,
+	// ClockCheckInterval), its estimate of it from its last measure, to the millisecond.
+	// It is the zero Time after AllowAt (its instant is deliberate), and on a Redis
+	// Cluster on a denial that wrote nothing (TIME is read, for the skew check, only
+	// before a write: a read-only denial cannot corrupt a log whatever the caller's clock).
 	ServerTime time.Time
 	// SkewFallback reports that the caller's clock was further than Config.MaxSkew from
 	// ServerTime, so the decision was made, and logged, at ServerTime instead.

@@ -46,6 +46,12 @@ type Config struct {
 	// nor stall, and can be seen (package worker logs it and counts it). Defaults to 1s;
 	// negative disables the check. AllowAt never checks: its time is deliberate.
 	//
+	// The check needs the server's TIME, which costs the script a command: a Limiter
+	// reads it on one write in ClockCheckInterval (1s) and checks the other calls itself,
+	// tracking its clock from that measure with the process's monotonic clock (a step of
+	// the local clock is seen at once). On a *redis.ClusterClient every write reads TIME,
+	// as each master has its own clock.
+	//
 	// Within MaxSkew, a call whose clock is behind the latest instant a window log was
 	// written at is decided at that instant instead (Decision.At, Decision.Delay): logs are
 	// trimmed only up to that instant minus their window, so no call ever counts a window
@@ -186,6 +192,14 @@ type Limiter struct {
 	maxSkew time.Duration // <= 0: no check
 	resends bool          // a call may run twice (AutoPipeline on a cluster): never fresh
 
+	// The script's ARGV[4] for Allow: maxSkew in ms, for the script to check ("0": no
+	// check), or after "~", vouched for by measured (see clockCheck); vouch is false on a
+	// Redis Cluster, whose masters each have a clock.
+	skewArg, vouchArg string
+	vouch             bool
+	measured          clockCheck
+	mono              func() time.Time // time.Now; tests step it
+
 	minReplicas    int           // Config.MinReplicas: 0, not durable
 	replicaTimeout time.Duration // Config.ReplicaTimeout, defaulted
 }
@@ -237,12 +251,16 @@ func New(rdb redis.UniversalClient, cfg Config) (*Limiter, error) {
 	if l.maxSkew == 0 {
 		l.maxSkew = DefaultMaxSkew
 	}
+	ms := strconv.FormatInt(max(l.maxSkew.Milliseconds(), 0), 10)
+	_, cluster := rdb.(*redis.ClusterClient)
+	l.skewArg, l.vouchArg, l.vouch = ms, "~"+ms, l.maxSkew > 0 && !cluster
 	if l.prefix == "" {
 		l.prefix = DefaultPrefix
 	}
 	if l.now == nil {
 		l.now = time.Now
 	}
+	l.mono = time.Now
 	return l, nil
 }
 
@@ -262,15 +280,33 @@ func NewMember() string {
 // value and must never be read as an admission.
 func (l *Limiter) Allow(ctx context.Context, req Request) (Decision, error) {
 	if l.clock == ClockRedis {
-		return l.decide(ctx, req, 0, true, 0)
+		return l.decide(ctx, req, 0, true, "0")
 	}
-	return l.decide(ctx, req, l.now().UnixMilli(), false, l.maxSkew)
+	mono := l.mono()
+	nowMS := l.now().UnixMilli()
+	if !l.vouch {
+		return l.decide(ctx, req, nowMS, false, l.skewArg)
+	}
+	skew, vouched := l.measured.estimate(mono, nowMS, l.maxSkew.Milliseconds())
+	arg := l.skewArg
+	if vouched {
+		arg = l.vouchArg
+	}
+	d, err := l.decide(ctx, req, nowMS, false, arg)
+	switch {
+	case err != nil:
+	case !d.ServerTime.IsZero(): // the script read TIME: a new measure
+		l.measured.record(mono, nowMS, d.ServerTime.UnixMilli())
+	case vouched:
+		d.ServerTime, d.skew = time.UnixMilli(nowMS-skew), time.Duration(skew)*time.Millisecond
+	}
+	return d, err
 }
 
 // AllowAt decides req as of now, whatever the Config's Clock: tests drive time with it.
 // now is truncated to the millisecond. Errors are as for Allow.
 func (l *Limiter) AllowAt(ctx context.Context, req Request, now time.Time) (Decision, error) {
-	return l.decide(ctx, req, now.UnixMilli(), false, 0)
+	return l.decide(ctx, req, now.UnixMilli(), false, "0")
 }
 
 // Cancel gives up req's reservation (req.Reservation, of req.Key's task type), so that the
@@ -428,9 +464,10 @@ func parseLease(taskType, token, rec string) (Reservation, bool) {
 // with both parts escaped by url.PathEscape.
 func (l *Limiter) RedisKey(key Key, scope Scope) string { return redisKey(l.prefix, key, scope) }
 
-// decide runs the script for req at nowMS (or the server's TIME, with serverClock),
-// falling back to the server's TIME if nowMS is more than maxSkew (when > 0) from it.
-func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverClock bool, maxSkew time.Duration) (Decision, error) {
+// decide runs the script for req at nowMS (or the server's TIME, with serverClock), with
+// skewArg as its ARGV[4]: "0", no skew check; "<ms>", falling back to the server's TIME
+// if nowMS is more than ms from it; "~<ms>", trusting nowMS (see clockCheck).
+func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverClock bool, skewArg string) (Decision, error) {
 	cost, err := validate(req)
 	if err != nil {
 		return Decision{}, err
@@ -485,7 +522,7 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverCl
 			extra = "p" + strconv.Itoa(req.Priority) + ":" + extra
 		}
 	}
-	args[0], args[1], args[2], args[3], args[4] = now, member, sentinel, max(maxSkew.Milliseconds(), 0), extra
+	args[0], args[1], args[2], args[3], args[4] = now, member, sentinel, skewArg, extra
 	r, acked, err := l.script(ctx, req.Key.TaskType, !fresh, keys, args)
 	if err != nil {
 		return Decision{}, fmt.Errorf("throttle: allow %s for tenant %s: %w", quote.Name(req.Key.TaskType), quote.Quote(req.Key.Tenant), err)

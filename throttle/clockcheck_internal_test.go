@@ -1,0 +1,143 @@
+package throttle
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
+)
+
+// TestClockCheck_estimate: a measure of skew 100 ms taken at mono m0 with the caller's
+// clock at 1,000 ms vouches, within ClockCheckInterval, for the clock it predicts; a step
+// of the caller's clock counts in full, and an old (or future) measure vouches for nothing.
+func TestClockCheck_estimate(t *testing.T) {
+	var c clockCheck
+	m0 := time.Unix(1000, 0)
+	if skew, ok := c.estimate(m0, 1_000, 1_000); ok || skew != 0 {
+		t.Fatalf("no measure: %d, %v; want 0, false", skew, ok)
+	}
+	c.record(m0, 1_000, 900)
+	for _, tc := range []struct {
+		name     string
+		after    time.Duration // mono since the measure
+		nowMS    int64
+		wantSkew int64
+		wantOK   bool
+	}{
+		{"at once", 0, 1_000, 100, true},
+		{"with the server", 300 * time.Millisecond, 1_300, 100, true},
+		{"behind by 50ms more", 300 * time.Millisecond, 1_250, 50, true},
+		{"stepped ahead to the bound", 300 * time.Millisecond, 2_200, 1_000, true},
+		{"stepped ahead past it", 300 * time.Millisecond, 2_201, 0, false},
+		{"stepped behind past it", 300 * time.Millisecond, 199, 0, false},
+		{"the last ms of the interval", ClockCheckInterval - time.Millisecond, 1_999, 100, true},
+		{"interval over", ClockCheckInterval, 2_000, 0, false},
+		{"a measure from the future", -time.Millisecond, 1_000, 0, false},
+	} {
+		if skew, ok := c.estimate(m0.Add(tc.after), tc.nowMS, 1_000); skew != tc.wantSkew || ok != tc.wantOK {
+			t.Errorf("%s: %d, %v; want %d, %v", tc.name, skew, ok, tc.wantSkew, tc.wantOK)
+		}
+	}
+}
+
+// TestLimiter_Allow_clockCheck: Allow reads the server's TIME (INFO commandstats) on its
+// first write, then vouches for its clock for ClockCheckInterval of the process's
+// monotonic clock (stepped here) without it, giving the estimated ServerTime and Skew; a
+// step of the caller's clock past MaxSkew is checked at once (and falls back), and a
+// measure older than the interval is taken again.
+func TestLimiter_Allow_clockCheck(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t)
+	base := time.Now().Truncate(time.Millisecond)
+	mono0 := time.Now()
+	var nowOff, monoOff time.Duration
+	l, err := New(rdb, Config{NowFunc: func() time.Time { return base.Add(nowOff) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.mono = func() time.Time { return mono0.Add(monoOff) }
+	req := Request{Key: Key{TaskType: "clock:check", Tenant: "acme"}, Quotas: []Quota{{Scope: ScopeTenant, Limit: Limit{Events: 100, Window: time.Second}}}}
+	step := func(now, mono time.Duration, wantTimes int, wantFallback bool) Decision {
+		t.Helper()
+		nowOff, monoOff = now, mono
+		d, err := l.Allow(ctx, req)
+		if err != nil || !d.Allowed || d.SkewFallback != wantFallback {
+			t.Fatalf("now +%v, mono +%v: %+v, %v; want admitted, SkewFallback %v", now, mono, d, err, wantFallback)
+		}
+		if got := timeCalls(t, rdb); got != wantTimes {
+			t.Errorf("now +%v, mono +%v: %d TIME calls in all, want %d", now, mono, got, wantTimes)
+		}
+		return d
+	}
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	d1 := step(0, 0, 1, false) // no measure yet: the script checks
+	d2 := step(400*time.Millisecond, 400*time.Millisecond, 1, false)
+	if d2.Skew() != d1.Skew() || !d2.ServerTime.Equal(base.Add(400*time.Millisecond).Add(-d1.Skew())) {
+		t.Errorf("vouched: Skew %v, ServerTime %v; want the measure's %v and %v", d2.Skew(), d2.ServerTime, d1.Skew(), base.Add(400*time.Millisecond).Add(-d1.Skew()))
+	}
+	// A step 3s ahead: checked at once, and falling back, the fast path's check and then
+	// the general path's each read TIME.
+	step(3400*time.Millisecond, 450*time.Millisecond, 3, true)
+	// That measure, 3s ahead, sees the clock step back into line: vouched again.
+	step(460*time.Millisecond, 460*time.Millisecond, 3, false)
+	step(470*time.Millisecond, 470*time.Millisecond, 3, false)
+	step(480*time.Millisecond, 450*time.Millisecond+ClockCheckInterval, 4, false) // a second after it
+	step(490*time.Millisecond, 460*time.Millisecond+ClockCheckInterval, 4, false)
+}
+
+// TestNew_clockCheckOffOnCluster: a Limiter on a *redis.ClusterClient checks every write
+// with TIME (each master has its own clock); on one node it vouches; with a negative
+// MaxSkew it never checks.
+func TestNew_clockCheckOffOnCluster(t *testing.T) {
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer cluster.Close()
+	node := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer node.Close()
+	for _, tc := range []struct {
+		name      string
+		rdb       redis.UniversalClient
+		maxSkew   time.Duration
+		wantVouch bool
+		wantArg   string
+	}{
+		{"cluster", cluster, 0, false, "1000"},
+		{"node", node, 0, true, "1000"},
+		{"node, 250ms", node, 250 * time.Millisecond, true, "250"},
+		{"node, no check", node, -1, false, "0"},
+	} {
+		l, err := New(tc.rdb, Config{MaxSkew: tc.maxSkew})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.vouch != tc.wantVouch || l.skewArg != tc.wantArg || l.vouchArg != "~"+tc.wantArg {
+			t.Errorf("%s: vouch %v, ARGV[4] %q or %q; want %v, %q or %q", tc.name, l.vouch, l.skewArg, l.vouchArg, tc.wantVouch, tc.wantArg, "~"+tc.wantArg)
+		}
+	}
+}
+
+// timeCalls is the server's count of TIME commands (scripts' included) since CONFIG
+// RESETSTAT.
+func timeCalls(t *testing.T, rdb *redis.Client) int {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_time:calls="); ok {
+			n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
+}
