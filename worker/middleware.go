@@ -362,6 +362,7 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 	if !ok {
 		return next.ProcessTask(ctx, task)
 	}
+	growStack() // once, while shallow, for the limiter call's depth (see handlerStack)
 	rule := eff.Rule
 	next = m.watch(next, key, eff)
 	cost, err := rule.cost(task)
