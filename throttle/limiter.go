@@ -515,12 +515,8 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverCl
 	// extra is empty for the commonest call; the script's header documents its fields.
 	extra := ""
 	if cost != 1 || req.Reservation != "" || req.MaxWait != 0 || claimTimeout != DefaultClaimTimeout || req.Priority != 0 {
-		extra = fmt.Sprintf("%d:%d:%d:%d:%d:%d:%s%d:%s%s", cost, req.MaxWait.Milliseconds(), claimTimeout.Milliseconds(),
-			req.ClaimWait.Milliseconds(), weight, len(req.Reservation), req.Reservation, len(req.Holder), req.Holder,
-			url.PathEscape(req.Key.Tenant))
-		if req.Priority != 0 { // "p<priority>:" first: the fast and one-log paths hand it to the general path
-			extra = "p" + strconv.Itoa(req.Priority) + ":" + extra
-		}
+		var buf [128]byte
+		extra = string(appendExtra(buf[:0], &req, cost, weight, claimTimeout))
 	}
 	args[0], args[1], args[2], args[3], args[4] = now, member, sentinel, skewArg, extra
 	r, acked, err := l.script(ctx, req.Key.TaskType, !fresh, keys, args)
@@ -573,6 +569,33 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverCl
 	return d, nil
 }
 
+// appendExtra appends to b the script's extra argument (ARGV[5]) for req, of cost, weight
+// and claimTimeout (defaulted):
+//
+//	[p<priority>:]<cost>:<max wait ms>:<claim timeout ms>:<claim wait ms>:<weight>:<n>:<reservation><m>:<holder><tenant>
+//
+// with n and m the bytes of the reservation and the holder, the tenant escaped by
+// url.PathEscape, and "p<priority>:" only for a priority above 0 (first: the fast and
+// one-log paths hand it to the general path). It is what fmt.Sprintf with
+// "%d:%d:%d:%d:%d:%d:%s%d:%s%s" writes, without boxing eleven values per decision.
+func appendExtra(b []byte, req *Request, cost, weight int, claimTimeout time.Duration) []byte {
+	if req.Priority != 0 {
+		b = append(b, 'p')
+		b = strconv.AppendInt(b, int64(req.Priority), 10)
+		b = append(b, ':')
+	}
+	for _, n := range [...]int64{int64(cost), req.MaxWait.Milliseconds(), claimTimeout.Milliseconds(),
+		req.ClaimWait.Milliseconds(), int64(weight), int64(len(req.Reservation))} {
+		b = strconv.AppendInt(b, n, 10)
+		b = append(b, ':')
+	}
+	b = append(b, req.Reservation...)
+	b = strconv.AppendInt(b, int64(len(req.Holder)), 10)
+	b = append(b, ':')
+	b = append(b, req.Holder...)
+	return append(b, url.PathEscape(req.Key.Tenant)...)
+}
+
 // validate checks req before any Redis call and returns its cost.
 func validate(req Request) (int, error) {
 	invalid := func(format string, a ...any) error {
@@ -603,9 +626,12 @@ func validate(req Request) (int, error) {
 	if req.Priority < 0 || req.Priority > MaxPriority {
 		return 0, invalid("priority %d is outside [0, %d]", req.Priority, MaxPriority)
 	}
-	for name, d := range map[string]time.Duration{"MaxWait": req.MaxWait, "ClaimWait": req.ClaimWait, "ClaimTimeout": req.ClaimTimeout} {
-		if d < 0 || d.Milliseconds() >= maxMS {
-			return 0, invalid("%s %s is negative or too long", name, d)
+	for _, w := range [...]struct {
+		name string
+		d    time.Duration
+	}{{"MaxWait", req.MaxWait}, {"ClaimWait", req.ClaimWait}, {"ClaimTimeout", req.ClaimTimeout}} {
+		if w.d < 0 || w.d.Milliseconds() >= maxMS {
+			return 0, invalid("%s %s is negative or too long", w.name, w.d)
 		}
 	}
 	for _, q := range req.Quotas {

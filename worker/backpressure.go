@@ -239,8 +239,8 @@ func pauseScope(quotas []throttle.Quota, want throttle.Scope) throttle.Scope {
 // re-queues the task for its RetryAt (see Backpressure); any other error, or nil, is
 // returned as it is.
 func (m *middleware) afterHandler(ctx context.Context, task *asynq.Task, key throttle.Key, eff Effective, err error) error {
-	var bp *BackpressureError
-	if err == nil || !errors.As(err, &bp) {
+	bp, ok := errors.AsType[*BackpressureError](err) // errors.As(err, &bp) would move bp to the heap on every task
+	if !ok {
 		return err
 	}
 	scope := pauseScope(eff.Rule.Quotas, bp.Scope)
