@@ -141,6 +141,8 @@ local SLACK = MAX_SKEW and MAX_SKEW ~= '0' and 2 * tonumber(MAX_SKEW) or 0
 -- to the one-log path below; to general to reserve, to admit for a later instant, to
 -- replay, or with a skewed clock.
 
+local fast_hs = nil -- the fast path's read of "#" on a log it hands to the one-log path
+
 repeat
   local extra = ARGV[5]
   if ARGV[1] == 'r' or ARGV[1] == 'p' or ARGV[1] == 'u' or ARGV[1] == '' or extra ~= '' and (string.byte(extra, 1) ~= 49 or string.byte(extra, 2) ~= 58) then
@@ -169,6 +171,7 @@ repeat
     if hs then
       local x = hs + BASE
       if x % 16 ~= 0 then
+        fast_hs = hs -- not a replay (looked for, unless fresh): the one-log path reads no more of it
         break -- weighted entries, entries ahead, reservations or a pause
       end
       sent = 1
@@ -342,7 +345,13 @@ repeat
   local key, member, token = KEYS[1], fresh and string.sub(ARGV[2], 2) or ARGV[2], string.sub(rest, 1, n)
   local pm = '1:' .. token
   -- The sentinels, a replay, and the token's reservation (its L entry: see the lapse check).
-  local r = redis.call('ZMSCORE', key, '#', '#f', fresh and '#' or member, '@' .. pm)
+  local r
+  if fast_hs then -- "#" and the replay check as the fast path read them
+    local q = redis.call('ZMSCORE', key, '#f', '@' .. pm)
+    r = {fast_hs, q[1], nil, q[2]}
+  else
+    r = redis.call('ZMSCORE', key, '#', '#f', fresh and '#' or member, '@' .. pm)
+  end
   if r[3] and not fresh then
     break -- a replay
   end
@@ -532,6 +541,7 @@ repeat
   -- The write: this event at now, or its reservation at t (vs); then what general's finish does.
   local ts = t == now and nows or string.format('%d', t)
   local es = victim and string.format('%d', vs) or ts -- this event's entry
+  local grew = hiw < t -- a new latest instant on the log: its keys' TTLs most likely grow
   if hiw < t then
     hiw = t
   end
@@ -570,17 +580,25 @@ repeat
   end
   local leases = base .. 'leases'
   redis.call('HSET', leases, token, '1:' .. (fairq and 'y' or 't') .. ':' .. string.format('%d', server_ms) .. ':' .. #holder .. ':' .. holder .. tenant)
-  local horizon = string.format('%d', ttl)
-  if redis.call('PEXPIRE', leases, horizon, 'GT') == 0 then
-    redis.call('PEXPIRE', leases, horizon, 'NX')
-  end
+  local grown = {leases}
   if fairq then
     redis.call('ZADD', fairq, tag, token)
     redis.call('HSET', base .. 'fairstate', 'l:' .. tenant, tag)
-    for _, k in ipairs({fairq, base .. 'fairstate'}) do
+    grown[2], grown[3] = fairq, base .. 'fairstate'
+  end
+  -- Their TTLs grow to ttl, never shrink: set iff shorter, or none (a key just made).
+  -- After a new latest instant, most likely shorter: PEXPIRE GT, then NX if it did not
+  -- (no TTL: GT counts that as infinite). Else an earlier call most likely set them as
+  -- far: PTTL, one call where a failing GT and NX make two (PEXPIRE GT sets iff
+  -- ttl > PTTL, to the same ms: a script's commands share one time snapshot).
+  local horizon = string.format('%d', ttl)
+  for _, k in ipairs(grown) do
+    if grew then
       if redis.call('PEXPIRE', k, horizon, 'GT') == 0 then
         redis.call('PEXPIRE', k, horizon, 'NX')
       end
+    elseif redis.call('PTTL', k) < ttl then
+      redis.call('PEXPIRE', k, horizon)
     end
   end
   return {8, lo, (victim and vs or t) - caller, now, 1, MAX_SKEW ~= '0' and server_ms or 0}
