@@ -2,8 +2,6 @@ package throttle
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -126,18 +124,9 @@ func TestNew_clockCheckOffOnCluster(t *testing.T) {
 // RESETSTAT.
 func timeCalls(t *testing.T, rdb *redis.Client) int {
 	t.Helper()
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	st, err := redistest.ReadStats(context.Background(), rdb)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_time:calls="); ok {
-			n, err := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	return 0
+	return int(st.Command("time").Calls)
 }
