@@ -42,6 +42,9 @@
 -- entries at or before hw - W and never later ones, so no call can count a window another
 -- call has trimmed: a log holds its longest window's entries and its sentinels ("#", "#f", "#p"), and
 -- at most K_TRIM - 1 entries that have left it (the fast path trims lazily), no more.
+-- A caller's clock further than max_skew from the server's TIME is replaced by TIME
+-- (skewed): the script checks before a write, unless the caller vouches for its clock
+-- (ARGV[4] "~<ms>": throttle.Limiter checked it against TIME within the last second).
 --
 -- CLAIMS. A token pending at r with r <= now + claim_wait is claimed: for instant r if r
 -- >= now (the slot was promised; the caller waits until r), else (late, but within the
