@@ -1155,6 +1155,15 @@ if ARGV[1] == 'r' then
     if s then
       held = 1
       unreserve(log, pm, tonumber(s))
+      if has_c(log) then
+        -- c_shift's ZREM may have emptied C, and its ZADD made it again with no TTL; no
+        -- finish runs here to set one. C lives as long as its log (finish gives both one
+        -- TTL), so it takes L's.
+        local ttl = redis.call('PTTL', log.L)
+        if ttl > 0 then
+          redis.call('PEXPIRE', log.C, ttl)
+        end
+      end
     end
   end
   redis.call('HDEL', leases, token)

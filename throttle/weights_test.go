@@ -214,3 +214,44 @@ func commandsOf(t *testing.T, rdb *redis.Client, fn func()) int64 {
 	}
 	return n
 }
+
+// TestLimiter_Release_costsKeepTTL: releasing a weighted reservation rewrites the costs
+// set of its log (each later entry's running sum), which can empty the set and make it
+// anew; the set still expires with its log. Rule tenant=10/1s at the callers' 0: ten
+// cost-1 admissions fill the window, then task-A and task-B reserve at cost 5 (both at
+// 1000: 5 + 5 fit one window), and task-A is released, as the sweeper releases the
+// reservation of a deleted task. The costs set then holds task-B's entry alone, its
+// running sum rewritten, with its log's TTL: 1000 + 1s + the 5 s claim timeout, 7000 ms
+// from the reservations.
+func TestLimiter_Release_costsKeepTTL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, rdb := newLimiterClient(t, throttle.Config{})
+	key := throttle.Key{TaskType: "llm:complete", Tenant: "hooli"}
+	q := []throttle.Quota{tenantQuota(10, time.Second)}
+	at := time.UnixMilli(0)
+	for i := range 10 {
+		if d, err := l.AllowAt(ctx, throttle.Request{Key: key, Quotas: q}, at); err != nil || !d.Allowed {
+			t.Fatalf("admission %d: %+v, %v", i+1, d, err)
+		}
+	}
+	for _, tok := range []string{"task-A", "task-B"} {
+		d, err := l.AllowAt(ctx, throttle.Request{Key: key, Quotas: q, Cost: 5, Reservation: tok}, at)
+		if err != nil || !d.Reserved || d.RetryAfter != time.Second {
+			t.Fatalf("%s: %+v, %v; want reserved for 1s", tok, d, err)
+		}
+	}
+	if ok, err := l.Release(ctx, "llm:complete", "task-A"); err != nil || !ok {
+		t.Fatalf("Release(task-A) = %v, %v; want true", ok, err)
+	}
+	costs, log := "throttle:{llm:complete}:costs:tenant:hooli", "throttle:{llm:complete}:tenant:hooli"
+	members, err := rdb.ZRange(ctx, costs, 0, -1).Result()
+	if err != nil || len(members) != 1 || members[0] != "0000000000000004|@5:task-B" {
+		t.Fatalf("costs set %v, %v; want task-B's entry alone, 0000000000000004|@5:task-B", members, err)
+	}
+	for _, k := range []string{costs, log} {
+		if ttl := rdb.PTTL(ctx, k).Val(); ttl <= 6*time.Second || ttl > 7*time.Second {
+			t.Errorf("%s: PTTL %v, want within (6s, 7s]: the log's 7000 ms", k, ttl)
+		}
+	}
+}
