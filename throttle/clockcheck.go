@@ -16,15 +16,22 @@ const ClockCheckInterval = time.Second
 // clockCheck is a Limiter's latest measure of its clock (Config.NowFunc) against the
 // Redis server's TIME, taken from a call whose script read TIME. The skew check reads
 // TIME before every write; with a measure younger than ClockCheckInterval the Limiter
-// makes that check itself, so most writes need no TIME: one redis.call less, a fifth of
+// makes that check itself, so most writes need no TIME: one redis.call less, a tenth of
 // an admission's Redis instructions (README, Performance).
 //
-// The estimate: at the measure the caller's clock read callerMS and was skewMS ahead of
-// TIME; since then the process's monotonic clock (time.Now's, which no clock step moves)
-// has run elapsed, and the server's clock has run the same. So the caller's clock is now
-// skewMS + (nowMS - callerMS) - elapsed ahead: a step of the local clock (NTP, an
-// operator, a test's NowFunc) counts in full at once. What it cannot see is the server's
-// clock stepping, or drift within an interval, both bounded by ClockCheckInterval.
+// A measure is a range, not a point. The call was stamped callerMS (its monotonic time
+// mono) and its reply came rtt later; the script read TIME, serverMS, somewhere in
+// between. So the caller's clock was then ahead of the server's by at least callerMS -
+// serverMS (TIME read at once) and at most that plus rtt (TIME read just before the
+// reply): a call that waited in Redis, in a pause of this process or across a restart
+// only widens the range, never moves it. Since then the process's monotonic clock (which
+// no clock step moves) has run elapsed, and the server's clock the same; so the range now
+// is the measure's plus (nowMS - callerMS) - elapsed: a step of the local clock (NTP, an
+// operator, a test's NowFunc) counts in full at once. The Limiter vouches for its clock
+// only while the whole range is within MaxSkew, and gives the range's upper end as the
+// skew: the middleware waits out a positive skew before a handler starts, and an
+// estimate too low would start it early. What a measure cannot see is the server's clock
+// stepping, or drift within an interval, both bounded by ClockCheckInterval.
 //
 // It is not used on a Redis Cluster (Limiter.vouch): each master has its own clock, and
 // a measure of one does not vouch for another.
@@ -36,12 +43,14 @@ type clockCheck struct {
 type clockMeasure struct {
 	mono     time.Time // time.Now() when the call was stamped: its monotonic reading
 	callerMS int64     // the caller's clock then, ms
-	skewMS   int64     // callerMS minus the server's TIME during the call, ms
+	skewMS   int64     // callerMS minus the server's TIME during the call, ms: the range's low end
+	rttMS    int64     // from the stamp to the reply, ms rounded up: the range's width
 }
 
-// estimate returns how far the caller's clock (nowMS, read with mono) is ahead of the
-// server's TIME, in ms, and true if a measure younger than ClockCheckInterval vouches
-// that it is within maxSkewMS; else 0 and false, and the call must check.
+// estimate returns how far the caller's clock (nowMS, read with mono) may be ahead of
+// the server's TIME, in ms (the upper end of the range, see clockCheck), and true if a
+// measure younger than ClockCheckInterval vouches that the whole range is within
+// maxSkewMS; else 0 and false, and the call must check.
 func (c *clockCheck) estimate(mono time.Time, nowMS, maxSkewMS int64) (int64, bool) {
 	m := c.last.Load()
 	if m == nil {
@@ -51,17 +60,19 @@ func (c *clockCheck) estimate(mono time.Time, nowMS, maxSkewMS int64) (int64, bo
 	if elapsed < 0 || elapsed >= ClockCheckInterval {
 		return 0, false
 	}
-	skew := m.skewMS + (nowMS - m.callerMS) - elapsed.Milliseconds()
-	if skew > maxSkewMS || skew < -maxSkewMS {
+	low := m.skewMS + (nowMS - m.callerMS) - elapsed.Milliseconds()
+	high := low + m.rttMS
+	if low < -maxSkewMS || high > maxSkewMS {
 		return 0, false
 	}
-	return skew, true
+	return high, true
 }
 
 // record keeps the measure of a call stamped nowMS (with mono) whose script read the
-// server's TIME, serverMS; a measure whose skew is over maxSkewMS (the call fell back to
-// TIME) is kept all the same, so estimate refuses to vouch until a later measure is
-// within it.
-func (c *clockCheck) record(mono time.Time, nowMS, serverMS int64) {
-	c.last.Store(&clockMeasure{mono: mono, callerMS: nowMS, skewMS: nowMS - serverMS})
+// server's TIME, serverMS, and whose reply came rtt after the stamp. A measure whose
+// range is not within MaxSkew (the call fell back to TIME, or waited long) is kept all
+// the same: estimate then refuses to vouch until a later measure is within it.
+func (c *clockCheck) record(mono time.Time, nowMS, serverMS int64, rtt time.Duration) {
+	c.last.Store(&clockMeasure{mono: mono, callerMS: nowMS, skewMS: nowMS - serverMS,
+		rttMS: (rtt + time.Millisecond - 1).Milliseconds()})
 }

@@ -10,16 +10,20 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 )
 
-// TestClockCheck_estimate: a measure of skew 100 ms taken at mono m0 with the caller's
-// clock at 1,000 ms vouches, within ClockCheckInterval, for the clock it predicts; a step
-// of the caller's clock counts in full, and an old (or future) measure vouches for nothing.
+// TestClockCheck_estimate: a measure taken at mono m0, the caller's clock at 1,000 ms and
+// the server's TIME at 900 ms, with a reply 20 ms after the stamp, says the caller is 100
+// to 120 ms ahead. Within ClockCheckInterval it vouches for the clock it predicts while
+// that whole range is within MaxSkew (1,000 ms), giving its upper end; a step of the
+// caller's clock counts in full; an old (or future) measure vouches for nothing. A
+// measure whose call waited 400 ms (the script ran late, the clock really 1.2 s ahead)
+// reads 800 to 1,200 ms: not vouched, where its low end alone would be.
 func TestClockCheck_estimate(t *testing.T) {
 	var c clockCheck
 	m0 := time.Unix(1000, 0)
 	if skew, ok := c.estimate(m0, 1_000, 1_000); ok || skew != 0 {
 		t.Fatalf("no measure: %d, %v; want 0, false", skew, ok)
 	}
-	c.record(m0, 1_000, 900)
+	c.record(m0, 1_000, 900, 20*time.Millisecond)
 	for _, tc := range []struct {
 		name     string
 		after    time.Duration // mono since the measure
@@ -27,19 +31,28 @@ func TestClockCheck_estimate(t *testing.T) {
 		wantSkew int64
 		wantOK   bool
 	}{
-		{"at once", 0, 1_000, 100, true},
-		{"with the server", 300 * time.Millisecond, 1_300, 100, true},
-		{"behind by 50ms more", 300 * time.Millisecond, 1_250, 50, true},
-		{"stepped ahead to the bound", 300 * time.Millisecond, 2_200, 1_000, true},
-		{"stepped ahead past it", 300 * time.Millisecond, 2_201, 0, false},
+		{"at once", 0, 1_000, 120, true},
+		{"with the server", 300 * time.Millisecond, 1_300, 120, true},
+		{"behind by 50ms more", 300 * time.Millisecond, 1_250, 70, true},
+		{"stepped ahead to the bound", 300 * time.Millisecond, 2_180, 1_000, true},
+		{"stepped ahead past it", 300 * time.Millisecond, 2_181, 0, false},
+		{"stepped behind to the bound", 300 * time.Millisecond, 200, -980, true},
 		{"stepped behind past it", 300 * time.Millisecond, 199, 0, false},
-		{"the last ms of the interval", ClockCheckInterval - time.Millisecond, 1_999, 100, true},
+		{"the last ms of the interval", ClockCheckInterval - time.Millisecond, 1_999, 120, true},
 		{"interval over", ClockCheckInterval, 2_000, 0, false},
 		{"a measure from the future", -time.Millisecond, 1_000, 0, false},
 	} {
 		if skew, ok := c.estimate(m0.Add(tc.after), tc.nowMS, 1_000); skew != tc.wantSkew || ok != tc.wantOK {
 			t.Errorf("%s: %d, %v; want %d, %v", tc.name, skew, ok, tc.wantSkew, tc.wantOK)
 		}
+	}
+	c.record(m0, 1_000, 200, 400*time.Millisecond)
+	if skew, ok := c.estimate(m0.Add(10*time.Millisecond), 1_010, 1_000); ok || skew != 0 {
+		t.Errorf("after a call that waited 400ms: %d, %v; want 0, false (800 to 1200 ms ahead)", skew, ok)
+	}
+	c.record(m0, 1_000, 500, 1500*time.Microsecond) // 500 to 502 ms: the rtt rounded up
+	if skew, ok := c.estimate(m0, 1_000, 1_000); !ok || skew != 502 {
+		t.Errorf("after a 1.5ms round trip: %d, %v; want 502, true", skew, ok)
 	}
 }
 
@@ -88,6 +101,44 @@ func TestLimiter_Allow_clockCheck(t *testing.T) {
 	step(470*time.Millisecond, 470*time.Millisecond, 3, false)
 	step(480*time.Millisecond, 450*time.Millisecond+ClockCheckInterval, 4, false) // a second after it
 	step(490*time.Millisecond, 460*time.Millisecond+ClockCheckInterval, 4, false)
+}
+
+// TestLimiter_Allow_clockCheckSlowReply: a measure whose reply took long vouches for
+// nothing, however small its skew looked. The caller's clock is 800 ms ahead of the
+// server's and its first write's reply comes 400 ms (of the stepped monotonic clock)
+// after its stamp: the clock may be up to 1.2 s ahead, past MaxSkew (1s), so the next
+// write, stamped at once, is checked by the script again (TIME read: 2 in all; 800 ms is
+// within MaxSkew, no fallback), where a measure taken as a point would have vouched.
+func TestLimiter_Allow_clockCheckSlowReply(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t)
+	ahead := time.Now().Add(800 * time.Millisecond).Truncate(time.Millisecond)
+	mono0 := time.Now()
+	reads := 0 // Allow reads l.mono at the stamp and after the reply
+	l, err := New(rdb, Config{NowFunc: func() time.Time { return ahead }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.mono = func() time.Time { // every stamp at mono0, the clock never moved since
+		reads++
+		if reads == 2 { // the first call's reply
+			return mono0.Add(400 * time.Millisecond)
+		}
+		return mono0
+	}
+	req := Request{Key: Key{TaskType: "clock:slow", Tenant: "acme"}, Quotas: []Quota{{Scope: ScopeTenant, Limit: Limit{Events: 100, Window: time.Second}}}}
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []int{1, 2} {
+		d, err := l.Allow(ctx, req)
+		if err != nil || !d.Allowed || d.SkewFallback {
+			t.Fatalf("call %d: %+v, %v; want admitted by the caller's clock", i+1, d, err)
+		}
+		if got := timeCalls(t, rdb); got != want {
+			t.Errorf("call %d: %d TIME calls in all, want %d", i+1, got, want)
+		}
+	}
 }
 
 // TestNew_clockCheckOffOnCluster: a Limiter on a *redis.ClusterClient checks every write

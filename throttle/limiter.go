@@ -296,7 +296,7 @@ func (l *Limiter) Allow(ctx context.Context, req Request) (Decision, error) {
 	switch {
 	case err != nil:
 	case !d.ServerTime.IsZero(): // the script read TIME: a new measure
-		l.measured.record(mono, nowMS, d.ServerTime.UnixMilli())
+		l.measured.record(mono, nowMS, d.ServerTime.UnixMilli(), l.mono().Sub(mono))
 	case vouched:
 		d.ServerTime, d.skew = time.UnixMilli(nowMS-skew), time.Duration(skew)*time.Millisecond
 	}
