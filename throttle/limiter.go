@@ -44,7 +44,11 @@ type Config struct {
 	// (with ClockLocal) stops trusting it: the script then decides by the server's TIME and
 	// the Decision says SkewFallback, so a worker with a wrong clock can neither over-admit
 	// nor stall, and can be seen (package worker logs it and counts it). Defaults to 1s;
-	// negative disables the check. AllowAt never checks: its time is deliberate.
+	// negative disables the check, and with it the keys' TTL slack of 2 * MaxSkew (keys
+	// expire on the server's clock, entries are scored on the callers'): only for clocks
+	// that agree to the millisecond. AllowAt never checks: its time is deliberate. A clock
+	// behind the server's within MaxSkew logs its admissions that far before they start
+	// (README, Clocks and skew).
 	//
 	// The check needs the server's TIME, which costs the script a command: a Limiter
 	// reads it on one write in ClockCheckInterval (1s) and checks the other calls itself,
