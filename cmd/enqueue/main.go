@@ -47,6 +47,7 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
@@ -56,6 +57,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/kelseyhightower/envconfig"
 	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
@@ -127,6 +129,12 @@ func runAt(ctx context.Context, args []string, stdout, stderr io.Writer, now fun
 		return exitUsage
 	}
 
+	// On a terminal the bar redraws every 65ms; into a pipe or a log file each redraw is
+	// a line of carriage returns, so there it is drawn when it starts and when it ends.
+	redraw := 65 * time.Millisecond
+	if !isTerminal(stderr) {
+		redraw = time.Duration(math.MaxInt64)
+	}
 	bar := progressbar.NewOptions(cfg.total(),
 		progressbar.OptionSetWriter(stderr),
 		progressbar.OptionSetDescription("enqueue"),
@@ -134,7 +142,7 @@ func runAt(ctx context.Context, args []string, stdout, stderr io.Writer, now fun
 		progressbar.OptionShowCount(),
 		progressbar.OptionShowIts(),
 		progressbar.OptionSetItsString("tasks"),
-		progressbar.OptionThrottle(65*time.Millisecond),
+		progressbar.OptionThrottle(redraw),
 		progressbar.OptionOnCompletion(func() { fmt.Fprintln(stderr) }),
 	)
 	tallies, err := enqueueAll(ctx, enq, cfg, func() { _ = bar.Add(1) })
@@ -154,6 +162,12 @@ func runAt(ctx context.Context, args []string, stdout, stderr io.Writer, now fun
 		return exitRefused
 	}
 	return exitOK
+}
+
+// isTerminal reports whether w is a terminal (an *os.File on one).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 // redisPingTimeout bounds the PING that checks REDIS_DB before the first enqueue.

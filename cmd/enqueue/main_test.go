@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"reflect"
 	"slices"
@@ -614,5 +615,35 @@ func TestRun_sentinel(t *testing.T) {
 				t.Errorf("PTTL %s on the %s = %v, %v; want > 0", k, name, ttl, err)
 			}
 		}
+	}
+}
+
+// TestRun_barInAPipe: into a pipe, not a terminal, the progress bar is drawn when it
+// starts and when it ends, not every 65ms: 3000 tasks (a few hundred ms) leave 2 frames, the last the
+// finished bar.
+func TestRun_barInAPipe(t *testing.T) {
+	srv := redistest.StartServer(t)
+	setRedisEnv(t, srv.Addr)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string)
+	go func() {
+		b, _ := io.ReadAll(r)
+		got <- string(b)
+	}()
+	var stdout bytes.Buffer
+	if isTerminal(w) {
+		t.Fatal("isTerminal(a pipe) = true")
+	}
+	code := run(context.Background(), []string{"-tenants", "acme", "-n", "3000"}, &stdout, w)
+	w.Close()
+	out := <-got
+	if code != exitOK {
+		t.Fatalf("exit %d, want 0; stderr:\n%s", code, out)
+	}
+	if n := strings.Count(out, "enqueue "); n != 2 || !strings.Contains(out, "(3000/3000") {
+		t.Errorf("stderr drew %d frames, want 2, the last (3000/3000 ...):\n%q", n, out)
 	}
 }
