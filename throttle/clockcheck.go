@@ -13,6 +13,14 @@ import (
 // seen at once.
 const ClockCheckInterval = time.Second
 
+// clockCheckMaxRTT is the longest round trip of a measure that may vouch for the clock:
+// the range it leaves (see clockCheck) is the skew's uncertainty, and the middleware
+// waits out the range's upper end before a handler starts, so a wide one would hold
+// every admitted task's worker slot that much longer. A call slower than this (a busy
+// Redis or process, a restart) leaves the script to check each write, as without a
+// measure, until a quicker one measures again.
+const clockCheckMaxRTT = 5 * time.Millisecond
+
 // clockCheck is a Limiter's latest measure of its clock (Config.NowFunc) against the
 // Redis server's TIME, taken from a call whose script read TIME. The skew check reads
 // TIME before every write; with a measure younger than ClockCheckInterval the Limiter
@@ -28,9 +36,9 @@ const ClockCheckInterval = time.Second
 // no clock step moves) has run elapsed, and the server's clock the same; so the range now
 // is the measure's plus (nowMS - callerMS) - elapsed: a step of the local clock (NTP, an
 // operator, a test's NowFunc) counts in full at once. The Limiter vouches for its clock
-// only while the whole range is within MaxSkew, and gives the range's upper end as the
-// skew: the middleware waits out a positive skew before a handler starts, and an
-// estimate too low would start it early. What a measure cannot see is the server's clock
+// only from a measure of at most clockCheckMaxRTT and while the whole range is within
+// MaxSkew, and gives the range's upper end as the skew: the middleware waits out a
+// positive skew before a handler starts, and an estimate too low would start it early. What a measure cannot see is the server's clock
 // stepping, or drift within an interval, both bounded by ClockCheckInterval.
 //
 // It is not used on a Redis Cluster (Limiter.vouch): each master has its own clock, and
@@ -49,11 +57,12 @@ type clockMeasure struct {
 
 // estimate returns how far the caller's clock (nowMS, read with mono) may be ahead of
 // the server's TIME, in ms (the upper end of the range, see clockCheck), and true if a
-// measure younger than ClockCheckInterval vouches that the whole range is within
-// maxSkewMS; else 0 and false, and the call must check.
+// measure younger than ClockCheckInterval, of a round trip of at most clockCheckMaxRTT,
+// vouches that the whole range is within maxSkewMS; else 0 and false, and the call must
+// check.
 func (c *clockCheck) estimate(mono time.Time, nowMS, maxSkewMS int64) (int64, bool) {
 	m := c.last.Load()
-	if m == nil {
+	if m == nil || m.rttMS > clockCheckMaxRTT.Milliseconds() {
 		return 0, false
 	}
 	elapsed := mono.Sub(m.mono)

@@ -11,19 +11,20 @@ import (
 )
 
 // TestClockCheck_estimate: a measure taken at mono m0, the caller's clock at 1,000 ms and
-// the server's TIME at 900 ms, with a reply 20 ms after the stamp, says the caller is 100
-// to 120 ms ahead. Within ClockCheckInterval it vouches for the clock it predicts while
+// the server's TIME at 900 ms, with a reply 4 ms after the stamp, says the caller is 100
+// to 104 ms ahead. Within ClockCheckInterval it vouches for the clock it predicts while
 // that whole range is within MaxSkew (1,000 ms), giving its upper end; a step of the
 // caller's clock counts in full; an old (or future) measure vouches for nothing. A
-// measure whose call waited 400 ms (the script ran late, the clock really 1.2 s ahead)
-// reads 800 to 1,200 ms: not vouched, where its low end alone would be.
+// measure whose reply took longer than clockCheckMaxRTT (5 ms) vouches for nothing: one
+// whose call waited 400 ms (the script ran late, the clock really 1.2 s ahead) would
+// read 800 to 1,200 ms.
 func TestClockCheck_estimate(t *testing.T) {
 	var c clockCheck
 	m0 := time.Unix(1000, 0)
 	if skew, ok := c.estimate(m0, 1_000, 1_000); ok || skew != 0 {
 		t.Fatalf("no measure: %d, %v; want 0, false", skew, ok)
 	}
-	c.record(m0, 1_000, 900, 20*time.Millisecond)
+	c.record(m0, 1_000, 900, 4*time.Millisecond)
 	for _, tc := range []struct {
 		name     string
 		after    time.Duration // mono since the measure
@@ -31,14 +32,14 @@ func TestClockCheck_estimate(t *testing.T) {
 		wantSkew int64
 		wantOK   bool
 	}{
-		{"at once", 0, 1_000, 120, true},
-		{"with the server", 300 * time.Millisecond, 1_300, 120, true},
-		{"behind by 50ms more", 300 * time.Millisecond, 1_250, 70, true},
-		{"stepped ahead to the bound", 300 * time.Millisecond, 2_180, 1_000, true},
-		{"stepped ahead past it", 300 * time.Millisecond, 2_181, 0, false},
-		{"stepped behind to the bound", 300 * time.Millisecond, 200, -980, true},
+		{"at once", 0, 1_000, 104, true},
+		{"with the server", 300 * time.Millisecond, 1_300, 104, true},
+		{"behind by 50ms more", 300 * time.Millisecond, 1_250, 54, true},
+		{"stepped ahead to the bound", 300 * time.Millisecond, 2_196, 1_000, true},
+		{"stepped ahead past it", 300 * time.Millisecond, 2_197, 0, false},
+		{"stepped behind to the bound", 300 * time.Millisecond, 200, -996, true},
 		{"stepped behind past it", 300 * time.Millisecond, 199, 0, false},
-		{"the last ms of the interval", ClockCheckInterval - time.Millisecond, 1_999, 120, true},
+		{"the last ms of the interval", ClockCheckInterval - time.Millisecond, 1_999, 104, true},
 		{"interval over", ClockCheckInterval, 2_000, 0, false},
 		{"a measure from the future", -time.Millisecond, 1_000, 0, false},
 	} {
@@ -46,9 +47,15 @@ func TestClockCheck_estimate(t *testing.T) {
 			t.Errorf("%s: %d, %v; want %d, %v", tc.name, skew, ok, tc.wantSkew, tc.wantOK)
 		}
 	}
-	c.record(m0, 1_000, 200, 400*time.Millisecond)
-	if skew, ok := c.estimate(m0.Add(10*time.Millisecond), 1_010, 1_000); ok || skew != 0 {
-		t.Errorf("after a call that waited 400ms: %d, %v; want 0, false (800 to 1200 ms ahead)", skew, ok)
+	for _, rtt := range []time.Duration{400 * time.Millisecond, clockCheckMaxRTT + time.Microsecond} {
+		c.record(m0, 1_000, 800, rtt) // 200 ms ahead at least: within MaxSkew by the low end
+		if skew, ok := c.estimate(m0.Add(10*time.Millisecond), 1_010, 1_000); ok || skew != 0 {
+			t.Errorf("after a call that waited %v: %d, %v; want 0, false", rtt, skew, ok)
+		}
+	}
+	c.record(m0, 1_000, 800, clockCheckMaxRTT)
+	if skew, ok := c.estimate(m0, 1_000, 1_000); !ok || skew != 205 {
+		t.Errorf("after a %v round trip: %d, %v; want 205, true", clockCheckMaxRTT, skew, ok)
 	}
 	c.record(m0, 1_000, 500, 1500*time.Microsecond) // 500 to 502 ms: the rtt rounded up
 	if skew, ok := c.estimate(m0, 1_000, 1_000); !ok || skew != 502 {
@@ -106,7 +113,8 @@ func TestLimiter_Allow_clockCheck(t *testing.T) {
 // TestLimiter_Allow_clockCheckSlowReply: a measure whose reply took long vouches for
 // nothing, however small its skew looked. The caller's clock is 800 ms ahead of the
 // server's and its first write's reply comes 400 ms (of the stepped monotonic clock)
-// after its stamp: the clock may be up to 1.2 s ahead, past MaxSkew (1s), so the next
+// after its stamp, past clockCheckMaxRTT (and the clock may be up to 1.2 s ahead, past
+// MaxSkew), so the next
 // write, stamped at once, is checked by the script again (TIME read: 2 in all; 800 ms is
 // within MaxSkew, no fallback), where a measure taken as a point would have vouched.
 func TestLimiter_Allow_clockCheckSlowReply(t *testing.T) {
