@@ -1044,9 +1044,13 @@ local function finish(log, now, claim_timeout)
 end
 
 -- grow sets a per-type key's TTL to at least ttl: many logs share it, so never shorten it.
+-- One PTTL, and a PEXPIRE only if the TTL is shorter or none: what PEXPIRE NX and then GT
+-- do, in one call where the TTL is long enough already (a script's commands share one time
+-- snapshot, so PTTL < ttl iff GT would set it).
 local function grow(key, ttl)
-  redis.call('PEXPIRE', key, ttl, 'NX')
-  redis.call('PEXPIRE', key, ttl, 'GT')
+  if redis.call('PTTL', key) < ttl then
+    redis.call('PEXPIRE', key, fmt(ttl))
+  end
 end
 
 -- ---------------------------------------------------------------------------------------

@@ -86,39 +86,58 @@ func TestLimiter_AllowAt_fairSearchStopsAtOwnSlot(t *testing.T) {
 	}
 }
 
-// TestLimiter_AllowAt_leaseTTLGrowsWithoutNewInstant: a reservation at the log's latest
-// instant (not a new one, so the one-log path reads PTTL rather than trying PEXPIRE GT)
-// still grows the leases key's TTL to its horizon once the server's clock has run on.
-// (The model's driver persists every key after each call, so only keys without a TTL
-// reach it.) Rule tenant=2/1s, all at the callers' instant 0: A1, A2 run; R1 reserves
-// 1000, and the leases key is to expire 1000 + 1s + the 5 s claim timeout = 7000 ms
-// later; 50 ms later on the server's clock R2 reserves 1000 too, and the key must again
-// expire 7000 ms after that call: 50 ms or more later than R1 set it.
+// TestLimiter_AllowAt_leaseTTLGrowsWithoutNewInstant: a reservation at its logs' latest
+// instant (not a new one: the one-log path then reads PTTL rather than trying PEXPIRE GT,
+// and the general path always reads PTTL first) still grows the per-type keys' TTLs to
+// its horizon once the server's clock has run on. (The model's driver persists every key
+// after each call, so only keys without a TTL reach it.) All at the callers' instant 0,
+// under tenant=2/1s alone (the one-log path) and with type=100/1s beside it (two logs:
+// the general path, which also writes the fair keys): A1, A2 run; R1 reserves 1000, and
+// the keys are to expire 1000 + 1s + the 5 s claim timeout = 7000 ms later; 50 ms later
+// on the server's clock R2 reserves 1000 too, and the keys must again expire 7000 ms
+// after that call: 50 ms or more later than R1 set them.
 func TestLimiter_AllowAt_leaseTTLGrowsWithoutNewInstant(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l, rdb := newLimiterClient(t, throttle.Config{})
-	q := []throttle.Quota{msQuota(throttle.ScopeTenant, 2, 1_000)}
-	leases := "throttle:{api:call}:leases"
-	expireAt := func(token string) (before, at int64) {
-		t.Helper()
-		before = time.Now().UnixMilli() // the server's clock is this machine's
-		d, err := l.AllowAt(ctx, throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: "A"}, Quotas: q, Reservation: token}, time.UnixMilli(0))
-		if err != nil || d.Allowed != (token[0] == 'A') || d.Reserved == (token[0] == 'A') {
-			t.Fatalf("%s: %+v, %v", token, d, err)
-		}
-		e, err := rdb.PExpireTime(ctx, leases).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return before, e.Milliseconds()
-	}
-	expireAt("A1")
-	expireAt("A2")
-	_, e1 := expireAt("R1")
-	time.Sleep(50 * time.Millisecond)
-	before, e2 := expireAt("R2")
-	if e2-before < 7_000 || e2-e1 < 50 {
-		t.Errorf("leases expire at %d after R2 (called at %d or later), %d after R1; want at least 7000 ms after R2's call, so 50 ms or more later", e2, before, e1)
+	tenant, typ := msQuota(throttle.ScopeTenant, 2, 1_000), msQuota(throttle.ScopeType, 100, 1_000)
+	for _, tc := range []struct {
+		name   string
+		quotas []throttle.Quota
+		keys   []string
+	}{
+		{"one log", []throttle.Quota{tenant}, []string{"leases"}},
+		{"two logs", []throttle.Quota{tenant, typ}, []string{"leases", "fair", "fairstate"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			l, rdb := newLimiterClient(t, throttle.Config{})
+			expireAt := func(token string) (before int64, at map[string]int64) {
+				t.Helper()
+				before = time.Now().UnixMilli() // the server's clock is this machine's
+				d, err := l.AllowAt(ctx, throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: "A"}, Quotas: tc.quotas, Reservation: token}, time.UnixMilli(0))
+				if err != nil || d.Allowed != (token[0] == 'A') || d.Reserved == (token[0] == 'A') {
+					t.Fatalf("%s: %+v, %v", token, d, err)
+				}
+				at = map[string]int64{}
+				for _, k := range tc.keys {
+					e, err := rdb.PExpireTime(ctx, "throttle:{api:call}:"+k).Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					at[k] = e.Milliseconds()
+				}
+				return before, at
+			}
+			expireAt("A1")
+			expireAt("A2")
+			_, e1 := expireAt("R1")
+			time.Sleep(50 * time.Millisecond)
+			before, e2 := expireAt("R2")
+			for _, k := range tc.keys {
+				if e2[k]-before < 7_000 || e2[k]-e1[k] < 50 {
+					t.Errorf("%s expires at %d after R2 (called at %d or later), %d after R1; want at least 7000 ms after R2's call, so 50 ms or more later", k, e2[k], before, e1[k])
+				}
+			}
+		})
 	}
 }
