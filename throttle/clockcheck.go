@@ -42,43 +42,49 @@ const clockCheckMaxRTT = 5 * time.Millisecond
 // stepping, or drift within an interval, both bounded by ClockCheckInterval.
 //
 // It is not used on a Redis Cluster (Limiter.vouch): each master has its own clock, and
-// a measure of one does not vouch for another.
+// a measure of one does not vouch for another. Behind a Sentinel failover client it is:
+// for up to ClockCheckInterval after a failover, the old primary's measure vouches for
+// the new one's clock (README, Clocks and skew).
 type clockCheck struct {
 	last atomic.Pointer[clockMeasure]
 }
 
 // clockMeasure is one measure: see clockCheck.
 type clockMeasure struct {
-	mono     time.Time // time.Now() when the call was stamped: its monotonic reading
+	mono     time.Time // time.Now() just before the call was stamped: its monotonic reading
 	callerMS int64     // the caller's clock then, ms
 	skewMS   int64     // callerMS minus the server's TIME during the call, ms: the range's low end
 	rttMS    int64     // from the stamp to the reply, ms rounded up: the range's width
 }
 
-// estimate returns how far the caller's clock (nowMS, read with mono) may be ahead of
-// the server's TIME, in ms (the upper end of the range, see clockCheck), and true if a
-// measure younger than ClockCheckInterval, of a round trip of at most clockCheckMaxRTT,
-// vouches that the whole range is within maxSkewMS; else 0 and false, and the call must
-// check.
-func (c *clockCheck) estimate(mono time.Time, nowMS, maxSkewMS int64) (int64, bool) {
+// estimate returns how far the caller's clock (nowMS, read between the monotonic readings
+// before and after) may be ahead of the server's TIME, in ms (the upper end of the
+// range, see clockCheck), and true if a measure younger than ClockCheckInterval, of a
+// round trip of at most clockCheckMaxRTT, vouches that the whole range is within
+// maxSkewMS; else 0 and false, and the call must check. The two readings bound when
+// nowMS was read: a pause between them (a NowFunc that blocks, the goroutine
+// descheduled) widens the range instead of moving it. Each end also allows 1 ms for the
+// whole-ms instants it is made of.
+func (c *clockCheck) estimate(before, after time.Time, nowMS, maxSkewMS int64) (int64, bool) {
 	m := c.last.Load()
 	if m == nil || m.rttMS > clockCheckMaxRTT.Milliseconds() {
 		return 0, false
 	}
-	elapsed := mono.Sub(m.mono)
-	if elapsed < 0 || elapsed >= ClockCheckInterval {
+	least, most := before.Sub(m.mono), after.Sub(m.mono) // the time since the measure's stamp
+	if least < 0 || most >= ClockCheckInterval {
 		return 0, false
 	}
-	low := m.skewMS + (nowMS - m.callerMS) - elapsed.Milliseconds()
-	high := low + m.rttMS
+	ahead := m.skewMS + (nowMS - m.callerMS) // of the server's clock at the measure
+	low := ahead - (most + time.Millisecond - 1).Milliseconds() - 1
+	high := ahead - least.Milliseconds() + m.rttMS + 1
 	if low < -maxSkewMS || high > maxSkewMS {
 		return 0, false
 	}
 	return high, true
 }
 
-// record keeps the measure of a call stamped nowMS (with mono) whose script read the
-// server's TIME, serverMS, and whose reply came rtt after the stamp. A measure whose
+// record keeps the measure of a call stamped nowMS, after the monotonic reading mono,
+// whose script read the server's TIME, serverMS, and whose reply came rtt after mono. A measure whose
 // range is not within MaxSkew (the call fell back to TIME, or waited long) is kept all
 // the same: estimate then refuses to vouch until a later measure is within it.
 func (c *clockCheck) record(mono time.Time, nowMS, serverMS int64, rtt time.Duration) {

@@ -10,56 +10,64 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 )
 
-// TestClockCheck_estimate: a measure taken at mono m0, the caller's clock at 1,000 ms and
-// the server's TIME at 900 ms, with a reply 4 ms after the stamp, says the caller is 100
-// to 104 ms ahead. Within ClockCheckInterval it vouches for the clock it predicts while
-// that whole range is within MaxSkew (1,000 ms), giving its upper end; a step of the
-// caller's clock counts in full; an old (or future) measure vouches for nothing. A
-// measure whose reply took longer than clockCheckMaxRTT (5 ms) vouches for nothing: one
-// whose call waited 400 ms (the script ran late, the clock really 1.2 s ahead) would
-// read 800 to 1,200 ms.
+// TestClockCheck_estimate: a measure stamped after mono m0, the caller's clock at 1,000
+// ms and the server's TIME at 900 ms, with a reply 4 ms after m0, says the caller is 100
+// to 104 ms ahead, and each end of a range gives 1 ms more for the whole-ms instants
+// (99 to 105). Within ClockCheckInterval it vouches for the clock it predicts while that
+// whole range is within MaxSkew (1,000 ms), giving its upper end; a step of the caller's
+// clock counts in full; an old (or future) measure vouches for nothing; a pause between
+// the monotonic readings around the clock's read widens the range. A measure whose reply
+// took longer than clockCheckMaxRTT (5 ms) vouches for nothing: one whose call waited
+// 400 ms (the script ran late, the clock really 1.2 s ahead) would read 800 to 1,200 ms.
 func TestClockCheck_estimate(t *testing.T) {
 	var c clockCheck
 	m0 := time.Unix(1000, 0)
-	if skew, ok := c.estimate(m0, 1_000, 1_000); ok || skew != 0 {
+	if skew, ok := c.estimate(m0, m0, 1_000, 1_000); ok || skew != 0 {
 		t.Fatalf("no measure: %d, %v; want 0, false", skew, ok)
 	}
 	c.record(m0, 1_000, 900, 4*time.Millisecond)
 	for _, tc := range []struct {
-		name     string
-		after    time.Duration // mono since the measure
-		nowMS    int64
-		wantSkew int64
-		wantOK   bool
+		name          string
+		before, after time.Duration // mono since the measure, around the clock's read
+		nowMS         int64
+		wantSkew      int64
+		wantOK        bool
 	}{
-		{"at once", 0, 1_000, 104, true},
-		{"with the server", 300 * time.Millisecond, 1_300, 104, true},
-		{"behind by 50ms more", 300 * time.Millisecond, 1_250, 54, true},
-		{"stepped ahead to the bound", 300 * time.Millisecond, 2_196, 1_000, true},
-		{"stepped ahead past it", 300 * time.Millisecond, 2_197, 0, false},
-		{"stepped behind to the bound", 300 * time.Millisecond, 200, -996, true},
-		{"stepped behind past it", 300 * time.Millisecond, 199, 0, false},
-		{"the last ms of the interval", ClockCheckInterval - time.Millisecond, 1_999, 104, true},
-		{"interval over", ClockCheckInterval, 2_000, 0, false},
-		{"a measure from the future", -time.Millisecond, 1_000, 0, false},
+		{"at once", 0, 0, 1_000, 105, true},
+		{"with the server", 300 * time.Millisecond, 300 * time.Millisecond, 1_300, 105, true},
+		{"behind by 50ms more", 300 * time.Millisecond, 300 * time.Millisecond, 1_250, 55, true},
+		{"stepped ahead to the bound", 300 * time.Millisecond, 300 * time.Millisecond, 2_195, 1_000, true},
+		{"stepped ahead past it", 300 * time.Millisecond, 300 * time.Millisecond, 2_196, 0, false},
+		{"stepped behind to the bound", 300 * time.Millisecond, 300 * time.Millisecond, 201, -994, true},
+		{"stepped behind past it", 300 * time.Millisecond, 300 * time.Millisecond, 200, 0, false},
+		{"the last ms of the interval", ClockCheckInterval - time.Millisecond, ClockCheckInterval - time.Millisecond, 1_999, 105, true},
+		{"interval over", ClockCheckInterval - time.Millisecond, ClockCheckInterval, 2_000, 0, false},
+		{"a measure from the future", -time.Millisecond, 0, 1_000, 0, false},
+		{"a 100ms pause around the read", 300 * time.Millisecond, 400 * time.Millisecond, 1_400, 205, true},
 	} {
-		if skew, ok := c.estimate(m0.Add(tc.after), tc.nowMS, 1_000); skew != tc.wantSkew || ok != tc.wantOK {
+		if skew, ok := c.estimate(m0.Add(tc.before), m0.Add(tc.after), tc.nowMS, 1_000); skew != tc.wantSkew || ok != tc.wantOK {
 			t.Errorf("%s: %d, %v; want %d, %v", tc.name, skew, ok, tc.wantSkew, tc.wantOK)
 		}
 	}
+	// A clock 1,050 ms behind, read 100 ms into a pause: were the read's time taken as
+	// the reading before it, it would seem 950 ms behind, within MaxSkew.
+	c.record(m0, 1_000, 2_050, time.Millisecond)
+	if skew, ok := c.estimate(m0.Add(10*time.Millisecond), m0.Add(110*time.Millisecond), 1_110, 1_000); ok || skew != 0 {
+		t.Errorf("a clock 1050ms behind, read in a pause: %d, %v; want 0, false", skew, ok)
+	}
 	for _, rtt := range []time.Duration{400 * time.Millisecond, clockCheckMaxRTT + time.Microsecond} {
 		c.record(m0, 1_000, 800, rtt) // 200 ms ahead at least: within MaxSkew by the low end
-		if skew, ok := c.estimate(m0.Add(10*time.Millisecond), 1_010, 1_000); ok || skew != 0 {
+		if skew, ok := c.estimate(m0.Add(10*time.Millisecond), m0.Add(10*time.Millisecond), 1_010, 1_000); ok || skew != 0 {
 			t.Errorf("after a call that waited %v: %d, %v; want 0, false", rtt, skew, ok)
 		}
 	}
 	c.record(m0, 1_000, 800, clockCheckMaxRTT)
-	if skew, ok := c.estimate(m0, 1_000, 1_000); !ok || skew != 205 {
-		t.Errorf("after a %v round trip: %d, %v; want 205, true", clockCheckMaxRTT, skew, ok)
+	if skew, ok := c.estimate(m0, m0, 1_000, 1_000); !ok || skew != 206 {
+		t.Errorf("after a %v round trip: %d, %v; want 206, true", clockCheckMaxRTT, skew, ok)
 	}
-	c.record(m0, 1_000, 500, 1500*time.Microsecond) // 500 to 502 ms: the rtt rounded up
-	if skew, ok := c.estimate(m0, 1_000, 1_000); !ok || skew != 502 {
-		t.Errorf("after a 1.5ms round trip: %d, %v; want 502, true", skew, ok)
+	c.record(m0, 1_000, 500, 1500*time.Microsecond) // 500 to 502 ms: the rtt rounded up, then 1 ms
+	if skew, ok := c.estimate(m0, m0, 1_000, 1_000); !ok || skew != 503 {
+		t.Errorf("after a 1.5ms round trip: %d, %v; want 503, true", skew, ok)
 	}
 }
 
@@ -97,8 +105,9 @@ func TestLimiter_Allow_clockCheck(t *testing.T) {
 	}
 	d1 := step(0, 0, 1, false) // no measure yet: the script checks
 	d2 := step(400*time.Millisecond, 400*time.Millisecond, 1, false)
-	if d2.Skew() != d1.Skew() || !d2.ServerTime.Equal(base.Add(400*time.Millisecond).Add(-d1.Skew())) {
-		t.Errorf("vouched: Skew %v, ServerTime %v; want the measure's %v and %v", d2.Skew(), d2.ServerTime, d1.Skew(), base.Add(400*time.Millisecond).Add(-d1.Skew()))
+	// The measure's skew, and 1 ms for its whole-ms instants (its round trip: 0 here).
+	if want := d1.Skew() + time.Millisecond; d2.Skew() != want || !d2.ServerTime.Equal(base.Add(400*time.Millisecond).Add(-want)) {
+		t.Errorf("vouched: Skew %v, ServerTime %v; want %v and %v", d2.Skew(), d2.ServerTime, want, base.Add(400*time.Millisecond).Add(-want))
 	}
 	// A step 3s ahead: checked at once, and falling back, the fast path's check and then
 	// the general path's each read TIME.
@@ -122,14 +131,14 @@ func TestLimiter_Allow_clockCheckSlowReply(t *testing.T) {
 	rdb := redistest.Start(t)
 	ahead := time.Now().Add(800 * time.Millisecond).Truncate(time.Millisecond)
 	mono0 := time.Now()
-	reads := 0 // Allow reads l.mono at the stamp and after the reply
+	reads := 0 // Allow reads l.mono before and after the stamp, and after the reply
 	l, err := New(rdb, Config{NowFunc: func() time.Time { return ahead }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.mono = func() time.Time { // every stamp at mono0, the clock never moved since
+	l.mono = func() time.Time { // every reading at mono0, the clock never moved since
 		reads++
-		if reads == 2 { // the first call's reply
+		if reads == 3 { // the first call's reply (before the stamp, after it, after the reply)
 			return mono0.Add(400 * time.Millisecond)
 		}
 		return mono0

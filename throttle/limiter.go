@@ -291,7 +291,7 @@ func (l *Limiter) Allow(ctx context.Context, req Request) (Decision, error) {
 	if !l.vouch {
 		return l.decide(ctx, req, nowMS, false, l.skewArg)
 	}
-	skew, vouched := l.measured.estimate(mono, nowMS, l.maxSkew.Milliseconds())
+	skew, vouched := l.measured.estimate(mono, l.mono(), nowMS, l.maxSkew.Milliseconds())
 	arg := l.skewArg
 	if vouched {
 		arg = l.vouchArg
