@@ -38,6 +38,8 @@ type NotReplicatedError struct {
 	Replayed bool          // the call repeated an admission made before (Decision.Replay)
 }
 
+// Error names the event, the replicas that acknowledged it and the ones wanted, and how
+// long WAIT waited.
 func (e *NotReplicatedError) Error() string {
 	what := "admission"
 	if e.Replayed {

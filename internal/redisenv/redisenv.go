@@ -125,8 +125,13 @@ type pingError struct {
 	kind error
 }
 
-func (e *pingError) Error() string        { return e.msg }
-func (e *pingError) Unwrap() error        { return e.err }
+// Error is the message, naming the variable at fault.
+func (e *pingError) Error() string { return e.msg }
+
+// Unwrap is the Redis error behind it.
+func (e *pingError) Unwrap() error { return e.err }
+
+// Is reports whether target is its kind (ErrNoSuchDB, ErrNotCluster, ...).
 func (e *pingError) Is(target error) bool { return target == e.kind }
 
 // checkAddr reports why a is not host:port.

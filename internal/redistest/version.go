@@ -11,10 +11,13 @@ import (
 // other command on: a test's stand-in for a Redis version this machine does not have.
 func ReportVersion(version string) redis.Hook { return reportVersion(version) }
 
+// reportVersion is the hook ReportVersion returns: the version it reports.
 type reportVersion string
 
+// DialHook dials as the client would.
 func (reportVersion) DialHook(next redis.DialHook) redis.DialHook { return next }
 
+// ProcessHook answers INFO with a server section of v, and sends every other command on.
 func (v reportVersion) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if c, ok := cmd.(*redis.StringCmd); ok && cmd.Name() == "info" {
@@ -25,6 +28,7 @@ func (v reportVersion) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
+// ProcessPipelineHook sends pipelines on unchanged.
 func (reportVersion) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
