@@ -315,19 +315,37 @@ repeat
   return {1, lo[binding] + 1, 0, now, binding, server_ms}
 until true
 
+-- grow sets a per-type key's TTL to at least ttl ms: many logs share it, so never shorten
+-- it. It sets it iff it is shorter, or none (a key just made): a script's commands share
+-- one time snapshot, so PTTL < ttl iff PEXPIRE GT would set it. longer: the caller's
+-- guess that it is shorter (a reservation at a new latest instant); then PEXPIRE GT, and
+-- NX if that did nothing (GT counts no TTL as infinite): one call where it grows. Else
+-- PTTL first: one call where it is long enough already, as when reservations share an
+-- instant (row (e): a failing GT and NX were two).
+local function grow(key, ttl, longer)
+  local ms = string.format('%d', ttl)
+  if longer then
+    if redis.call('PEXPIRE', key, ms, 'GT') == 0 then
+      redis.call('PEXPIRE', key, ms, 'NX')
+    end
+  elseif redis.call('PTTL', key) < ttl then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+
 -- ---------------------------------------------------------------------------------------
 -- The one-log path: an event of cost 1 under one quota, with a token (as the middleware
 -- sends), a wait or a claim timeout, on a log with no weighted entry: a throttled key
 -- that holds reservations, typically. It decides as general below would, in straight-line
--- steps and no function: the window at now; else, with nothing ahead, the
+-- steps (one function, grow, above): the window at now; else, with nothing ahead, the
 -- k-th entry of the window leaving it; else the log's end slot and, before it, the first
 -- K_CAND instants where an entry leaves a window. Then an admission at now, a denial, or
 -- a new reservation (on a type log, at its fair rank). A token that holds a
 -- reservation due within its claim wait claims it in place (one further ahead is denied
 -- until then). It hands over to general, having written nothing, for anything else: a
 -- replay, a skewed clock, a lapse due, a late claim, an exact check, an admission for
--- later. About 18 commands for a reservation on a tenant log,
--- against general's 22 and its tables; 15 for a claim on a type log, against 17.
+-- later. About 16 commands for a reservation on a tenant log, against general's 22 and
+-- its tables; 15 for a claim on a type log, against 17.
 
 repeat
   local extra = ARGV[5]
@@ -589,20 +607,8 @@ repeat
     redis.call('HSET', base .. 'fairstate', 'l:' .. tenant, tag)
     grown[2], grown[3] = fairq, base .. 'fairstate'
   end
-  -- Their TTLs grow to ttl, never shrink: set iff shorter, or none (a key just made).
-  -- After a new latest instant, most likely shorter: PEXPIRE GT, then NX if it did not
-  -- (no TTL: GT counts that as infinite). Else an earlier call most likely set them as
-  -- far: PTTL, one call where a failing GT and NX make two (PEXPIRE GT sets iff
-  -- ttl > PTTL, to the same ms: a script's commands share one time snapshot).
-  local horizon = string.format('%d', ttl)
-  for _, k in ipairs(grown) do
-    if grew then
-      if redis.call('PEXPIRE', k, horizon, 'GT') == 0 then
-        redis.call('PEXPIRE', k, horizon, 'NX')
-      end
-    elseif redis.call('PTTL', k) < ttl then
-      redis.call('PEXPIRE', k, horizon)
-    end
+  for _, k in ipairs(grown) do -- after a new latest instant, most likely to grow
+    grow(k, ttl, grew)
   end
   return {8, lo, (victim and vs or t) - caller, now, 1, MAX_SKEW ~= '0' and server_ms or 0}
 until true
@@ -1041,16 +1047,6 @@ local function finish(log, now, claim_timeout)
   end
   redis.call('PEXPIRE', log.L, ttl)
   log.dirty = false
-end
-
--- grow sets a per-type key's TTL to at least ttl: many logs share it, so never shorten it.
--- One PTTL, and a PEXPIRE only if the TTL is shorter or none: what PEXPIRE NX and then GT
--- do, in one call where the TTL is long enough already (a script's commands share one time
--- snapshot, so PTTL < ttl iff GT would set it).
-local function grow(key, ttl)
-  if redis.call('PTTL', key) < ttl then
-    redis.call('PEXPIRE', key, fmt(ttl))
-  end
 end
 
 -- ---------------------------------------------------------------------------------------
