@@ -47,8 +47,10 @@
 -- (ARGV[4] "~<ms>": throttle.Limiter checked it against TIME within the last second).
 --
 -- CLAIMS. A token pending at r with r <= now + claim_wait is claimed: for instant r if r
--- >= now (the slot was promised; the caller waits until r), else (late, but within the
--- claim timeout) decided afresh without its reservation. A token pending further ahead is
+-- >= now (the slot was promised; the caller waits until r) and every window ending at r
+-- still holds at most its limit (it always does unless a rule lowered a limit since the
+-- reservation was made), else (late, but within the claim timeout, or no longer fitting)
+-- decided afresh without its reservation. A token pending further ahead is
 -- denied until r, writing nothing. A reservation lapses claim_timeout after its instant:
 -- each call first removes up to K_LAPSE lapsed reservations from each of its logs.
 --
@@ -417,6 +419,14 @@ repeat
     if held > now + tonumber(cw) then
       return {24, redis.call('ZCOUNT', key, '(' .. lower, nows), held - caller, now, 1, server_ms}
     end
+    -- The window ending at held, its reservation included, as the reply's count (the
+    -- claim leaves it as it is): over the limit only after a rule lowered it, when general
+    -- decides the claim afresh (claim_fits).
+    local hs = string.format('%d', held)
+    local count = redis.call('ZCOUNT', key, '(' .. string.format('%d', held - w), hs)
+    if count > limit then
+      break
+    end
     redis.call('ZREM', pkey, pm)
     if redis.call('ZCARD', pkey) == 0 then
       flags = flags - 4
@@ -432,7 +442,6 @@ repeat
       end
     end
     redis.call('HDEL', base .. 'leases', token)
-    local hs = string.format('%d', held)
     local add = {hs, member, string.format('%d', 16 * now + flags - flags % 4 + (hiw > now and 2 or 0) - BASE), '#'}
     if hiw > now then
       add[5], add[6] = string.format('%d', hiw - BASE), '#f'
@@ -447,7 +456,7 @@ repeat
       redis.call('PEXPIRE', pkey, ttl)
     end
     redis.call('PEXPIRE', key, ttl)
-    return {17, redis.call('ZCOUNT', key, '(' .. string.format('%d', held - w), hs), 0, held, 1, server_ms}
+    return {17, count, 0, held, 1, server_ms}
   end
   local lo = redis.call('ZCOUNT', key, '(' .. lower, nows)
   local holder, tenant, fairq, tag, fair_rank = nil, nil, nil, nil, nil
@@ -1337,7 +1346,23 @@ if held_at and held_at > now + claim_wait then
   finish_all()
   return reply(0, 0, 1, count_at(quotas[1], now, nil), now, held_at - caller, 1, 1)
 end
-if held_at and held_at >= now then
+-- claim_fits reports whether a reservation at s, claimed on time, still fits the call's
+-- quotas: every window ending at s holds at most its limit, the reservation included. It
+-- always does under the quotas it was made for; after a rule lowered a limit (a tier or
+-- override), the reservations made before must not all run: a claim that no longer fits
+-- is decided afresh, as a late one is. The window ending at the claim is enough: a window
+-- holds no more admissions than the one ending at its latest admission, and every
+-- admission was checked there when it was decided.
+local function claim_fits(s)
+  for _, q in ipairs(quotas) do
+    if sum(q.log, s - q.w, s) > q.limit then
+      return false
+    end
+  end
+  return true
+end
+
+if held_at and held_at >= now and claim_fits(held_at) then
   -- Claimed ahead or on time: the reservation becomes the admission, in place.
   for j = 1, m do
     local log = logs[j]
@@ -1359,7 +1384,8 @@ if held_at and held_at >= now then
   return admitted(held_at, 0, nil, 1)
 end
 if held_at then
-  -- Late, within the claim timeout: decide afresh, without its own reservation.
+  -- Late, within the claim timeout, or on time but no longer fitting (claim_fits): decide
+  -- afresh, without its own reservation.
   for j = 1, m do
     unreserve(logs[j], pm, held_at)
   end

@@ -256,7 +256,7 @@ func (g *modelGen) next(m *model) modelOp {
 		g.backs = slices.Delete(g.backs, i, i+1)
 		g.now = max(g.now, op.at)
 		op.at = g.now
-		return op
+		return g.underRule(op)
 	}
 	switch r := g.rng.IntN(100); {
 	case r < 5: // a caller whose clock is behind
@@ -290,7 +290,7 @@ func (g *modelGen) next(m *model) modelOp {
 			at = g.now
 		}
 		g.now = max(g.now, at)
-		return modelOp{req: req, at: g.now, why: "back"}
+		return g.underRule(modelOp{req: req, at: g.now, why: "back"})
 	case r < 23 && len(g.waiting) > 0: // its task was deleted: the sweeper releases it
 		w := g.waiting[g.rng.IntN(len(g.waiting))]
 		return modelOp{req: w.req, at: g.now, release: true, why: "release"}
@@ -427,6 +427,26 @@ func (g *modelGen) done(op modelOp) {
 			g.backs = append(g.backs, back)
 		}
 	}
+}
+
+// underRule returns op, a task coming back for its reservation, and one time in eight
+// under a rule that lowered its limits since it reserved (same scopes and windows, each
+// limit above the task's cost cut to cost to limit-1), as a tier or override does: its
+// claim must still fit.
+func (g *modelGen) underRule(op modelOp) modelOp {
+	if g.rng.IntN(8) != 0 {
+		return op
+	}
+	cost := max(op.req.Cost, 1)
+	quotas := slices.Clone(op.req.Quotas)
+	for i := range quotas {
+		if n := quotas[i].Limit.Events; n > cost {
+			quotas[i].Limit.Events = cost + g.rng.IntN(n-cost)
+		}
+	}
+	op.req.Quotas = quotas
+	op.why += ",lowered"
+	return op
 }
 
 // modelKeys lists every key of the task types of the model and of op: what the test
@@ -586,7 +606,7 @@ func TestLimiter_AllowAt_matchesModel(t *testing.T) {
 			return
 		}
 		for _, c := range []string{"admitted", "admittedAhead", "replay", "denied", "reserved", "heldNotDue",
-			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "fairSwap", "oneLogFairSwap", "ghost", "candidate", "endSlot",
+			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "claimRefit", "fairSwap", "oneLogFairSwap", "ghost", "candidate", "endSlot",
 			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume", "fresh", "prioSwap", "prioAdmit", "fairSkipsPriority"} {
 			if total[c] == 0 {
 				t.Errorf("the fixed seeds never reach case %q: the model and the script are not compared there", c)

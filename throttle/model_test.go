@@ -548,6 +548,18 @@ func (m *model) decide(req throttle.Request, now int64) (modelDecision, modelTTL
 	return c.reply(d), ttls
 }
 
+// claimFits: a reservation at s claimed on time still fits every quota of the call: each
+// window ending at s holds at most its limit, the reservation included (the contract's
+// rule for claims; only a lowered limit breaks it).
+func (c *modelCall) claimFits(s int64) bool {
+	for i, q := range c.quotas {
+		if c.quotaLog[i].st.entries.sum(s-q.w, s) > q.limit {
+			return false
+		}
+	}
+	return true
+}
+
 // pendingName is the token's P member for the call's cost.
 func (c *modelCall) pendingName() string { return strconv.Itoa(c.cost) + ":" + c.token }
 
@@ -646,7 +658,10 @@ func (c *modelCall) run() modelOutcome {
 	if held && heldAt > c.now+c.claimWait {
 		return modelOutcome{held: true, reserved: true, binding: 0, countAt: c.now, at: c.now, retry: heldAt - c.caller}
 	}
-	if held && heldAt >= c.now {
+	if held && heldAt >= c.now && !c.claimFits(heldAt) {
+		c.m.notes["claimRefit"]++ // a rule lowered a limit since the reservation was made
+	}
+	if held && heldAt >= c.now && c.claimFits(heldAt) {
 		for _, cl := range c.logs { // the reservation becomes the admission, in place
 			delete(cl.st.pending, pm)
 			cl.pRemoved = true
@@ -663,7 +678,7 @@ func (c *modelCall) run() modelOutcome {
 		c.fairClaimed()
 		return modelOutcome{allowed: true, held: true, at: heldAt, admittedBinding: true}
 	}
-	if held { // late: decided afresh without its own reservation
+	if held { // late, or no longer fitting: decided afresh without its own reservation
 		c.m.notes["lateClaim"]++
 		for _, cl := range c.logs {
 			c.unreserve(cl, pm)

@@ -823,3 +823,56 @@ func TestLimiter_Reservations_listsHeld(t *testing.T) {
 		t.Error("Reservations of an empty task type: no error")
 	}
 }
+
+// TestLimiter_AllowAt_claimUnderLoweredLimit: a rule lowered after tasks reserved (a tier
+// or an override cut tenant=10/1s to tenant=2/1s) must not let them all run at their old
+// instants. At t=0 ten events are admitted and T1..T10 reserve 1000 under 10/1s. At 1000
+// they come back, in order, under 2/1s: the window ending at 1000 holds their 10
+// reservations, so T1..T8 are decided afresh, each taking the next slot of 2/1s (2000,
+// 2000, 3000, 3000, 4000, 4000, 5000, 5000) and giving up its old one; T9 and T10 then
+// find 2 in that window and claim it in place. No window of 1s holds more than 2 of the
+// events admitted from 1000 on.
+func TestLimiter_AllowAt_claimUnderLoweredLimit(t *testing.T) {
+	t.Parallel()
+	l := newLimiter(t)
+	key := throttle.Key{TaskType: "api:call", Tenant: "acme"}
+	before := []throttle.Quota{tenantQuota(10, time.Second)}
+	after := []throttle.Quota{tenantQuota(2, time.Second)}
+	for i := range 10 {
+		mustAdmit(t, l, throttle.Request{Key: key, Quotas: before, Member: fmt.Sprintf("a%d", i)}, 0)
+	}
+	req := func(i int, quotas []throttle.Quota) throttle.Request {
+		return throttle.Request{Key: key, Quotas: quotas, Member: fmt.Sprintf("m%d", i), Reservation: fmt.Sprintf("T%d", i)}
+	}
+	for i := 1; i <= 10; i++ {
+		resvWantReserved(t, l, req(i, before), 0, 1000)
+	}
+	var admitted []time.Time
+	for i, at := range []int64{2000, 2000, 3000, 3000, 4000, 4000, 5000, 5000} {
+		back := req(i+1, after)
+		back.Member += "-back"
+		d := allowAt(t, l, back, 1000)
+		// Held: it came with a reservation; Count: the window at 1000 without it.
+		if d.Allowed || !d.Reserved || !d.Held || !d.RetryAt().Equal(ms(at)) || d.Count != 9-i {
+			t.Fatalf("T%d back at 1000 under 2/1s: got %s, RetryAt %d; want its old slot given up and a new reservation at %d, count %d",
+				i+1, outcomeOf(d), d.RetryAt().UnixMilli(), at, 9-i)
+		}
+	}
+	for i := 9; i <= 10; i++ {
+		back := req(i, after)
+		back.Member += "-back"
+		d := resvWantAdmitted(t, l, back, 1000)
+		if d.Count != 2 || !d.At.Equal(ms(1000)) {
+			t.Fatalf("T%d claim at 1000: count %d at %d, want 2 at 1000", i, d.Count, d.At.UnixMilli())
+		}
+		admitted = append(admitted, d.At)
+	}
+	for i, at := range []int64{2000, 2000, 3000, 3000, 4000, 4000, 5000, 5000} {
+		back := req(i+1, after)
+		back.Member += "-again"
+		admitted = append(admitted, resvWantAdmitted(t, l, back, at).At)
+	}
+	if got := throttle.MaxInWindow(admitted, time.Second); got != 2 {
+		t.Errorf("the 10 claims from 1000 on: %d within 1s, want 2 (the lowered limit)", got)
+	}
+}
