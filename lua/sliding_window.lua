@@ -58,9 +58,9 @@
 -- tag) + round(cost * 10^6 / weight). An event of cost 1 that must reserve takes the slot
 -- at its fair rank r (the number of tags <= its own) among the type log's pending
 -- reservations: from the first pending at the r-th one's instant, the first of K_FAIR that
--- is another tenant's cost-1 reservation (same scopes), after now and before its own
--- earliest instant, where its other quotas have room. The reservation it displaces moves to its own earliest
--- instant, keeping its tag. Waiting tenants so share the type's slots in proportion to
+-- is another tenant's cost-1 reservation (same scopes, or the type log's alone: movable),
+-- after now and before its own earliest instant, where its other quotas have room. The
+-- reservation it displaces moves to its own earliest instant, keeping its tag. Waiting tenants so share the type's slots in proportion to
 -- their weights, and a share left unused goes to the others. A fair rank never displaces a
 -- reservation of higher priority.
 --
@@ -68,7 +68,7 @@
 -- that must reserve first looks for the earliest slot after now, and before its own
 -- earliest instant, held by a pending reservation of lower priority: among the first
 -- K_PRIO pending after now on the type log (else its tenant log), the first of cost 1
--- with the same scopes where its other quotas have room. It is admitted for that slot if
+-- with the same scopes (or the type log's alone) where its other quotas have room. It is admitted for that slot if
 -- within its wait, else reserves it; the reservation it displaces moves to its own
 -- earliest instant, keeping its tag. Only the general path does this: a priority's
 -- "p<p>:" before ARGV[5] fails the fast and one-log paths' cost-1 test.
@@ -1452,47 +1452,67 @@ local function room_for(s, vt, roomy)
   return roomy[s]
 end
 
--- displace gives the slot at sv of the pending reservation v (cost 1, this event's scopes)
--- of tenant vt to this event: its admission am if admit, else its reservation; v moves to
--- its own earliest instant after now, keeping its lease and tag. Its logs are the type
--- log and its tenant's under this event's quotas (this event's own, for its tenant).
-local function displace(v, sv, vt, admit)
+-- movable reports whether a pending reservation of scopes vs (cost 1) can give its slot
+-- to this event: it has this event's scopes, or it is on the type log alone ("y") and this
+-- event is on the type log too (then the type log is the only one it moves on). So a
+-- tenant whose tier adds a tenant= quota still takes its weighted share of the type's
+-- slots from tenants with the rule's type= quota alone. The other way round, a type-only
+-- event cannot move a reservation that is on a tenant log as well: where that tenant's
+-- log has room depends on its own quotas, which this call does not carry.
+local function movable(vs)
+  return vs == scopes or vs == 'y' and tlog ~= nil
+end
+
+-- displace gives the slot at sv of the pending reservation v (cost 1, of scopes vscopes,
+-- movable) of tenant vt to this event: its admission am if admit, else its reservation; v
+-- moves to its own earliest instant after now, keeping its lease and tag. Its logs are the
+-- type log, and with this event's scopes its tenant's, under this event's quotas (this
+-- event's own, for its tenant).
+local function displace(v, sv, vt, admit, vscopes)
   local vlogs = {}
-  for j = 1, m do
-    if j == type_log or vt == tenant then
-      vlogs[j] = logs[j]
-    else
-      local part = 'tenant:' .. vt
-      local vl = new_log(base .. part, base .. 'pending:' .. part, base .. 'costs:' .. part)
-      vl.q, vl.wmax, vl.add = logs[j].q, logs[j].wmax, {}
-      load(vl)
-      vlogs[j] = vl
+  if vscopes ~= scopes then
+    vlogs[1] = tlog
+  else
+    for j = 1, m do
+      if j == type_log or vt == tenant then
+        vlogs[j] = logs[j]
+      else
+        local part = 'tenant:' .. vt
+        local vl = new_log(base .. part, base .. 'pending:' .. part, base .. 'costs:' .. part)
+        vl.q, vl.wmax, vl.add, vl.other = logs[j].q, logs[j].wmax, {}, true
+        load(vl)
+        vlogs[j] = vl
+      end
     end
   end
+  for _, vl in ipairs(vlogs) do
+    unreserve(vl, v, sv)
+  end
   for j = 1, m do
-    unreserve(vlogs[j], v, sv)
     if admit then
       put(logs[j], am, sv, 1)
     else
       reserve(logs[j], pm, sv)
     end
     flush(logs[j])
-    flush(vlogs[j])
+  end
+  for _, vl in ipairs(vlogs) do
+    flush(vl)
   end
   local tv = earliest(vlogs, now, 1)
-  for j = 1, m do
-    reserve(vlogs[j], v, tv)
-    if vlogs[j] ~= logs[j] then
-      finish(vlogs[j], now, claim_timeout)
+  for _, vl in ipairs(vlogs) do
+    reserve(vl, v, tv)
+    if vl.other then
+      finish(vl, now, claim_timeout)
     end
   end
 end
 
 -- PRIORITY: the first of the K_PRIO reservations pending in (now, t) on the type log
--- (else the tenant log) that is of cost 1, has this event's scopes and a lower priority,
+-- (else the tenant log) that is of cost 1, is movable, has a lower priority,
 -- where this event's other logs have room: one ZRANGEBYSCORE, one HMGET of at most K_PRIO
 -- leases, at most K_PRIO fits.
-local v, sv, vt = nil, nil, nil
+local v, sv, vt, vsc = nil, nil, nil, nil
 if prio > 0 and cost == 1 and token ~= '' then
   local plog = tlog or logs[1]
   local page = has_p(plog) and redis.call('ZRANGEBYSCORE', plog.P, '(' .. fmt(now), '(' .. fmt(t), 'WITHSCORES', 'LIMIT', 0, K_PRIO) or {}
@@ -1507,14 +1527,14 @@ if prio > 0 and cost == 1 and token ~= '' then
     if rec and string.sub(page[2 * i - 1], 1, 2) == '1:' then
       local vcost, vscopes, vten, _, vprio = lease_parse(rec)
       local s = tonumber(page[2 * i])
-      if vcost == 1 and vscopes == scopes and vprio < prio and room_for(s, vten, roomy) then
-        v, sv, vt = page[2 * i - 1], s, vten
+      if vcost == 1 and movable(vscopes) and vprio < prio and room_for(s, vten, roomy) then
+        v, sv, vt, vsc = page[2 * i - 1], s, vten, vscopes
         break
       end
     end
   end
   if v and sv <= now + horizon then
-    displace(v, sv, vt, true)
+    displace(v, sv, vt, true, vsc)
     if held_at then
       fair_claimed()
     end
@@ -1558,7 +1578,7 @@ end
 
 local placed = false
 if v then
-  displace(v, sv, vt, false)
+  displace(v, sv, vt, false, vsc)
   t, placed = sv, true
 end
 if not placed and tlog and cost == 1 then
@@ -1574,7 +1594,7 @@ if not placed and tlog and cost == 1 then
     tokens[#tokens + 1] = token_of(page[i])
   end
   local recs = #tokens > 0 and redis.call('HMGET', LEASES, unpack(tokens)) or {} -- at most K_FAIR
-  local fv, fsv, fvt = nil, nil, nil
+  local fv, fsv, fvt, fsc = nil, nil, nil, nil
   local roomy = {} -- per instant, whether our other logs have room there
   for i = 1, #tokens do
     local s = tonumber(page[2 * i])
@@ -1584,14 +1604,14 @@ if not placed and tlog and cost == 1 then
     local rec = recs[i]
     if rec and s > now and string.sub(page[2 * i - 1], 1, 2) == '1:' then
       local vcost, vscopes, vten, _, vprio = lease_parse(rec)
-      if vcost == 1 and vscopes == scopes and vten ~= tenant and vprio <= prio and room_for(s, vten, roomy) then
-        fv, fsv, fvt = page[2 * i - 1], s, vten
+      if vcost == 1 and movable(vscopes) and vten ~= tenant and vprio <= prio and room_for(s, vten, roomy) then
+        fv, fsv, fvt, fsc = page[2 * i - 1], s, vten, vscopes
         break
       end
     end
   end
   if fv then
-    displace(fv, fsv, fvt, false)
+    displace(fv, fsv, fvt, false, fsc)
     t, placed = fsv, true
   end
 end

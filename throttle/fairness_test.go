@@ -19,9 +19,10 @@ import (
 
 // fairBacklog makes tenant A's 1,000 tasks at t=0 (10 admitted, 990 reserved 10 per
 // second over the next 99 seconds: alone, A uses every slot) and tenant B's 10 at t=500,
-// with weights wA and wB, under type=10/1s. It returns, per reserved instant (ms), how
-// many of the pending reservations each tenant holds there, and the limiter and client.
-func fairBacklog(t *testing.T, wA, wB int) (map[int64]map[string]int, *throttle.Limiter, *redis.Client) {
+// with weights wA and wB, under type=10/1s; B's requests carry bTier's quotas before it
+// (a tier's tenant= quota). It returns, per reserved instant (ms), how many of the
+// pending reservations each tenant holds there, and the limiter and client.
+func fairBacklog(t *testing.T, wA, wB int, bTier ...throttle.Quota) (map[int64]map[string]int, *throttle.Limiter, *redis.Client) {
 	t.Helper()
 	rdb := redistest.Start(t)
 	l, err := throttle.New(rdb, throttle.Config{})
@@ -30,7 +31,11 @@ func fairBacklog(t *testing.T, wA, wB int) (map[int64]map[string]int, *throttle.
 	}
 	quota := []throttle.Quota{typeQuota(10, time.Second)}
 	req := func(tenant string, i, w int) throttle.Request {
-		return throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: tenant}, Quotas: quota,
+		quotas := quota
+		if tenant == "B" {
+			quotas = append(slices.Clone(bTier), quota...)
+		}
+		return throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: tenant}, Quotas: quotas,
 			Reservation: fmt.Sprintf("%s-%d", tenant, i), Weight: w}
 	}
 	for i := range 1000 {
@@ -102,10 +107,26 @@ func TestLimiter_AllowAt_fairTypeQuota(t *testing.T) {
 
 // TestLimiter_AllowAt_fairTypeQuotaWeighted: with weight 1 for A and 3 for B, B gets 3 of
 // every 4 slots while both wait: in slot order B B B A B B B A B B | A B ..., so 8 of the
-// 10 slots at t=1000 and 2 at t=2000.
+// 10 slots at t=1000 and 2 at t=2000. The same when B is in a tier that adds a tenant=
+// quota (tenant=50/1s, which never binds here), as the README's tiers example does: B's
+// reservations are then on its tenant log and the type log, A's on the type log alone,
+// and B still takes A's slots (a type-only reservation is movable).
 func TestLimiter_AllowAt_fairTypeQuotaWeighted(t *testing.T) {
 	t.Parallel()
-	slots, _, rdb := fairBacklog(t, 1, 3)
+	t.Run("same quotas", func(t *testing.T) {
+		t.Parallel()
+		fairWeighted(t)
+	})
+	t.Run("B in a tier", func(t *testing.T) {
+		t.Parallel()
+		fairWeighted(t, tenantQuota(50, time.Second))
+	})
+}
+
+// fairWeighted checks TestLimiter_AllowAt_fairTypeQuotaWeighted's slots and tags, with B's
+// requests carrying bTier before the type quota.
+func fairWeighted(t *testing.T, bTier ...throttle.Quota) {
+	slots, _, rdb := fairBacklog(t, 1, 3, bTier...)
 	for _, c := range []struct {
 		at   int64
 		a, b int

@@ -167,6 +167,17 @@ type modelType struct {
 	quotas []throttle.Quota // nil: a new random set for every request, as while rules change
 	big    bool             // large limits and costs: long backlogs, the scan and renumber bounds
 	unit   bool             // every event of cost 1: the script's one-log path
+	// tier, if set, are quotas a tenant with a weight (modelWeights) has before the rule's,
+	// as a "pro" tier's tenant= quota and weight= beside a rule of type= quotas alone.
+	tier []throttle.Quota
+}
+
+// quotasFor returns the quotas of a request of tenant on the type.
+func (typ modelType) quotasFor(tenant string) []throttle.Quota {
+	if typ.tier != nil && modelWeights[tenant] > 0 {
+		return append(slices.Clone(typ.tier), typ.quotas...)
+	}
+	return typ.quotas
 }
 
 // modelUnit is the generator's unit of time, in ms. Windows are 1-50 units and the clock
@@ -200,6 +211,8 @@ func newModelGen(seed uint64) *modelGen {
 		{name: "llm", big: true, quotas: []throttle.Quota{
 			{Scope: throttle.ScopeTenant, Limit: throttle.Limit{Events: 20 + g.rng.IntN(40), Window: msDuration((10 + g.rng.Int64N(20)) * modelUnit)}},
 			{Scope: throttle.ScopeType, Limit: throttle.Limit{Events: 80 + g.rng.IntN(100), Window: msDuration((5 + g.rng.Int64N(20)) * modelUnit)}}}},
+		{name: "tiered", unit: true, quotas: []throttle.Quota{{Scope: throttle.ScopeType, Limit: throttle.Limit{Events: 2 + g.rng.IntN(3), Window: msDuration(10 * modelUnit)}}},
+			tier: []throttle.Quota{{Scope: throttle.ScopeTenant, Limit: throttle.Limit{Events: 6, Window: msDuration(10 * modelUnit)}}}},
 	}
 	return g
 }
@@ -317,7 +330,7 @@ func (g *modelGen) next(m *model) modelOp {
 			ats = append(ats, op.pause+g.rng.Int64N(3*modelUnit))
 		}
 		for _, at := range ats {
-			req := throttle.Request{Key: key, Quotas: typ.quotas, Cost: 1, Member: g.member()}
+			req := throttle.Request{Key: key, Quotas: typ.quotasFor(key.Tenant), Cost: 1, Member: g.member()}
 			if g.rng.IntN(2) == 0 {
 				req.Reservation = g.token()
 			}
@@ -341,7 +354,7 @@ func (g *modelGen) next(m *model) modelOp {
 			if i >= n/2+g.rng.IntN(n/2) {
 				tenant = modelTenants[tenants[1+g.rng.IntN(2)]]
 			}
-			req := throttle.Request{Key: throttle.Key{TaskType: typ.name, Tenant: tenant}, Quotas: typ.quotas,
+			req := throttle.Request{Key: throttle.Key{TaskType: typ.name, Tenant: tenant}, Quotas: typ.quotasFor(tenant),
 				Cost: 1, Member: g.member(), Reservation: g.token()}
 			if typ.big && g.rng.IntN(2) == 0 {
 				req.Cost = 1 + g.rng.IntN(6)
@@ -362,6 +375,10 @@ func (g *modelGen) next(m *model) modelOp {
 		most = min(most, q.Limit.Events)
 	}
 	key := throttle.Key{TaskType: typ.name, Tenant: modelTenants[g.rng.IntN(len(modelTenants))]}
+	if typ.tier != nil {
+		quotas = typ.quotasFor(key.Tenant)
+		most = min(most, quotas[0].Limit.Events)
+	}
 	if st := m.logs[modelLogOf(key, quotas[0].Scope)]; st != nil && len(st.entries) > 0 && g.rng.IntN(10) == 0 {
 		// At the boundary: when an entry leaves the first quota's window, or 1ms before.
 		g.now = max(g.now, st.entries[g.rng.IntN(len(st.entries))].score+quotas[0].Limit.Window.Milliseconds()-g.rng.Int64N(2))
@@ -606,7 +623,7 @@ func TestLimiter_AllowAt_matchesModel(t *testing.T) {
 			return
 		}
 		for _, c := range []string{"admitted", "admittedAhead", "replay", "denied", "reserved", "heldNotDue",
-			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "claimRefit", "fairSwap", "oneLogFairSwap", "ghost", "candidate", "endSlot",
+			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "claimRefit", "fairSwapTypeOnly", "fairSwap", "oneLogFairSwap", "ghost", "candidate", "endSlot",
 			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume", "fresh", "prioSwap", "prioAdmit", "fairSkipsPriority"} {
 			if total[c] == 0 {
 				t.Errorf("the fixed seeds never reach case %q: the model and the script are not compared there", c)

@@ -846,7 +846,7 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 			break
 		}
 		l, ok := c.leases[pend[i][strings.IndexByte(pend[i], ':')+1:]]
-		if !ok || s <= c.now || !strings.HasPrefix(pend[i], "1:") || l.cost != 1 || l.scopes != c.scopes || l.tenant == c.tenant {
+		if !ok || s <= c.now || !strings.HasPrefix(pend[i], "1:") || l.cost != 1 || !c.movable(l.scopes) || l.tenant == c.tenant {
 			continue
 		}
 		if l.priority > c.priority { // a fair rank never displaces a higher priority
@@ -854,19 +854,29 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 			continue
 		}
 		if c.roomFor(s, l.tenant) {
-			c.displace(&modelVictim{pm: pend[i], s: s, tenant: l.tenant}, "")
+			if l.scopes != c.scopes {
+				c.m.notes["fairSwapTypeOnly"]++
+			}
+			c.displace(&modelVictim{pm: pend[i], s: s, tenant: l.tenant, scopes: l.scopes}, "")
 			return true
 		}
 	}
 	return false
 }
 
-// modelVictim is a pending reservation an event takes the slot of: its P member, instant
-// and (escaped) tenant.
+// modelVictim is a pending reservation an event takes the slot of: its P member, instant,
+// (escaped) tenant and scopes.
 type modelVictim struct {
 	pm     string
 	s      int64
 	tenant string
+	scopes string
+}
+
+// movable: a pending reservation of scopes vs can give its slot to the event: it has the
+// event's scopes, or it is on the type log alone and the event is on the type log too.
+func (c *modelCall) movable(vs string) bool {
+	return vs == c.scopes || vs == "y" && c.typeLog != nil
 }
 
 // roomFor: the event's logs that a reservation of tenant vt does not share (its tenant
@@ -897,43 +907,49 @@ func (c *modelCall) prioVictim(t int64) *modelVictim {
 			break
 		}
 		l, ok := c.leases[pm[strings.IndexByte(pm, ':')+1:]]
-		if !ok || !strings.HasPrefix(pm, "1:") || l.cost != 1 || l.scopes != c.scopes || l.priority >= c.priority {
+		if !ok || !strings.HasPrefix(pm, "1:") || l.cost != 1 || !c.movable(l.scopes) || l.priority >= c.priority {
 			continue
 		}
 		if s := pl.st.pending[pm]; c.roomFor(s, l.tenant) {
-			return &modelVictim{pm: pm, s: s, tenant: l.tenant}
+			return &modelVictim{pm: pm, s: s, tenant: l.tenant, scopes: l.scopes}
 		}
 	}
 	return nil
 }
 
 // displace gives the slot of v to the event: its admission admit, if not "", else its
-// reservation; v moves to its own earliest instant after now. v's logs are the type log
-// and its tenant's under the event's quotas (the event's own, for its tenant).
+// reservation; v moves to its own earliest instant after now. v's logs are the type log,
+// and with the event's scopes its tenant's under the event's quotas (the event's own, for
+// its tenant).
 func (c *modelCall) displace(v *modelVictim, admit string) {
 	vtenant, _ := url.PathUnescape(v.tenant)
-	vlogs := make([]*callLog, len(c.logs))
-	for j, cl := range c.logs {
-		if cl == c.typeLog || v.tenant == c.tenant {
-			vlogs[j] = cl
-			continue
+	vlogs := []*callLog{c.typeLog}
+	if v.scopes == c.scopes {
+		vlogs = make([]*callLog, len(c.logs))
+		for j, cl := range c.logs {
+			if cl == c.typeLog || v.tenant == c.tenant {
+				vlogs[j] = cl
+				continue
+			}
+			id := modelLogOf(throttle.Key{TaskType: c.req.Key.TaskType, Tenant: vtenant}, throttle.ScopeTenant)
+			vlogs[j] = &callLog{m: c.m, id: id, st: c.m.state(id), q: cl.q, wmax: cl.wmax}
+			c.extra = append(c.extra, vlogs[j])
 		}
-		id := modelLogOf(throttle.Key{TaskType: c.req.Key.TaskType, Tenant: vtenant}, throttle.ScopeTenant)
-		vlogs[j] = &callLog{m: c.m, id: id, st: c.m.state(id), q: cl.q, wmax: cl.wmax}
-		c.extra = append(c.extra, vlogs[j])
+	}
+	for _, vl := range vlogs {
+		c.unreserve(vl, v.pm)
 	}
 	pm := c.pendingName()
-	for j := range c.logs {
-		c.unreserve(vlogs[j], v.pm)
+	for _, cl := range c.logs {
 		if admit != "" {
-			c.m.put(c.logs[j], admit, v.s, 1)
+			c.m.put(cl, admit, v.s, 1)
 		} else {
-			c.reserve(c.logs[j], pm, v.s)
+			c.reserve(cl, pm, v.s)
 		}
 	}
 	tv := earliest(vlogs, c.now, 1)
-	for j := range c.logs {
-		c.reserve(vlogs[j], v.pm, tv)
+	for _, vl := range vlogs {
+		c.reserve(vl, v.pm, tv)
 	}
 }
 
