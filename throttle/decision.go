@@ -91,12 +91,20 @@ type DeniedError struct {
 	// plus RetryAfter, or earlier for a task that holds a reservation (package worker
 	// wakes it WakeLead early, to wait the rest in its handler).
 	RetryAt time.Time
+	// Paused is true when Quota's window log is paused (Limiter.Pause: package worker's
+	// Backpressure after an upstream 429 or 503, or cmd/throttle pause), not full: the
+	// denial is Decision.Paused's.
+	Paused bool
 }
 
-// Error names the task type, tenant, quota and wait.
+// Error names the task type, tenant, quota (full, or paused) and wait.
 func (e *DeniedError) Error() string {
-	return fmt.Sprintf("throttle: %s for tenant %s over %s, retry after %s",
-		quote.Name(e.Key.TaskType), quote.Quote(e.Key.Tenant), e.Quota, e.RetryAfter)
+	how := "over"
+	if e.Paused {
+		how = "paused on"
+	}
+	return fmt.Sprintf("throttle: %s for tenant %s %s %s, retry after %s",
+		quote.Name(e.Key.TaskType), quote.Quote(e.Key.Tenant), how, e.Quota, e.RetryAfter)
 }
 
 // Is reports whether target is ErrDenied.

@@ -147,20 +147,22 @@ func TestDeniedError(t *testing.T) {
 }
 
 // TestDeniedError_Error: the tenant is quoted and cut to 64 bytes, the task type cut and
-// quoted only when it needs it.
+// quoted only when it needs it; a paused quota is said to be paused, not full.
 func TestDeniedError_Error(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		key  throttle.Key
-		want string
+		key    throttle.Key
+		paused bool
+		want   string
 	}{
-		{throttle.Key{TaskType: "api:call", Tenant: "acme"}, `throttle: api:call for tenant "acme" over tenant=5/1s, retry after 1.5s`},
-		{throttle.Key{TaskType: "api:call", Tenant: "evil\nline"}, `throttle: api:call for tenant "evil\nline" over tenant=5/1s, retry after 1.5s`},
-		{throttle.Key{TaskType: "two words", Tenant: strings.Repeat("y", 5000)},
+		{throttle.Key{TaskType: "api:call", Tenant: "acme"}, true, `throttle: api:call for tenant "acme" paused on tenant=5/1s, retry after 1.5s`},
+		{throttle.Key{TaskType: "api:call", Tenant: "acme"}, false, `throttle: api:call for tenant "acme" over tenant=5/1s, retry after 1.5s`},
+		{throttle.Key{TaskType: "api:call", Tenant: "evil\nline"}, false, `throttle: api:call for tenant "evil\nline" over tenant=5/1s, retry after 1.5s`},
+		{throttle.Key{TaskType: "two words", Tenant: strings.Repeat("y", 5000)}, false,
 			`throttle: "two words" for tenant "` + strings.Repeat("y", 64) + `"...(5000 bytes) over tenant=5/1s, retry after 1.5s`},
 	}
 	for _, tc := range tests {
-		e := &throttle.DeniedError{Key: tc.key, Quota: tenantQuota(5, time.Second), RetryAfter: 1500 * time.Millisecond}
+		e := &throttle.DeniedError{Key: tc.key, Quota: tenantQuota(5, time.Second), RetryAfter: 1500 * time.Millisecond, Paused: tc.paused}
 		if got := e.Error(); got != tc.want {
 			t.Errorf("Error() = %s\nwant      %s", got, tc.want)
 		}

@@ -143,6 +143,7 @@ func TestCost(t *testing.T) {
 			{id: "x-abc", typ: "x", batch: "abc", wantErr: []string{xRule, `batch="abc" is not an integer`}, wantBase: worker.ErrBadCost},
 			{id: "x-empty", typ: "x", batch: " ", wantErr: []string{xRule, `batch=" " is not an integer`}, wantBase: worker.ErrBadCost},
 			{id: "x-1.5", typ: "x", batch: "1.5", wantErr: []string{xRule, `batch="1.5" is not an integer`}, wantBase: worker.ErrBadCost},
+			{id: "x-huge", typ: "x", batch: "99999999999999999999", wantErr: []string{xRule, `batch="99999999999999999999" is out of range (an int)`}, wantBase: worker.ErrBadCost},
 			{id: "x-zero", typ: "x", batch: "0", wantErr: []string{xRule, "cost 0 is less than 1"}, wantBase: worker.ErrBadCost},
 			{id: "x-neg", typ: "x", batch: "-2", wantErr: []string{xRule, "cost -2 is less than 1"}, wantBase: worker.ErrBadCost},
 			{id: "x-six", typ: "x", batch: "6", wantErr: []string{xRule, "cost 6 exceeds quota tenant=5/1m"}, wantBase: throttle.ErrCostOverLimit},
@@ -223,7 +224,7 @@ func TestCost(t *testing.T) {
 		}
 	})
 
-	if got, want := outcomes(t, metrics, "x"), wantOutcomes(map[string]float64{worker.OutcomeAdmitted: 2, worker.OutcomeRejected: 6}); !reflect.DeepEqual(got, want) {
+	if got, want := outcomes(t, metrics, "x"), wantOutcomes(map[string]float64{worker.OutcomeAdmitted: 2, worker.OutcomeRejected: 7}); !reflect.DeepEqual(got, want) {
 		t.Errorf("x outcomes: %s, want %s", fmtOutcomes(got), fmtOutcomes(want))
 	}
 	if got, want := outcomes(t, metrics, "y"), wantOutcomes(map[string]float64{worker.OutcomeAdmitted: 1, worker.OutcomeRejected: 3}); !reflect.DeepEqual(got, want) {

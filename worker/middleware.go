@@ -410,9 +410,10 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 		Quota:      d.Quota,
 		RetryAfter: d.RetryAfter,
 		RetryAt:    wake, // local clock, as asynq's retry scores
+		Paused:     d.Paused,
 	}
 	if d.Paused {
-		err := fmt.Errorf("worker: %s paused (upstream backpressure) until %s: %w", scopeWords(d.Quota.Scope),
+		err := fmt.Errorf("worker: %s paused (Backpressure after an upstream 429/503, or throttle pause) until %s: %w", scopeWords(d.Quota.Scope),
 			d.RetryAt().UTC().Format(time.RFC3339Nano), denied)
 		if recheck := m.now().Add(PauseRecheck); denied.RetryAt.After(recheck) {
 			denied.RetryAt = recheck // so that a resume reaches it (RetryDelayFunc reads it)

@@ -117,6 +117,9 @@ func (r Rule) cost(task *asynq.Task) (int, error) {
 		}
 		var err error
 		if n, err = strconv.Atoi(v); err != nil {
+			if errors.Is(err, strconv.ErrRange) {
+				return 0, fmt.Errorf("%w: header %s=%q is out of range (an int)", ErrBadCost, r.CostHeader, v)
+			}
 			return 0, fmt.Errorf("%w: header %s=%q is not an integer", ErrBadCost, r.CostHeader, v)
 		}
 	default:

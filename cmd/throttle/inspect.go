@@ -42,9 +42,9 @@ The quotas come from the workers' rules: THROTTLE_RULES (or -rules) with the ove
 stored by throttle limits, as the workers merge them; without them, only the entries are
 shown. With -type, the logs of that type; with -tenant, that tenant's logs; with both, the
 tenant's log of the type and the type's own log. Other keys of a type (leases, fair,
-fairstate, lock:sweep) are listed below its logs. Enqueue-side quotas live under
-<prefix>:enqueue: THROTTLE_PREFIX=throttle:enqueue and -rules 'report:build
-tenant=10000/24h' inspect them.
+fairstate, lock:sweep) are listed below its logs. Enqueue-side quotas
+(<prefix>:enqueue:{<type>}:...) are not shown, and their prefix is refused: README.md,
+"Enqueue-side quota", says how to read them with redis-cli.
 
 Flags:
   -at      inspect as of this RFC 3339 instant instead of now (the logs as they are)

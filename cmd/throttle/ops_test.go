@@ -330,7 +330,7 @@ func TestPauseResume(t *testing.T) {
 		t.Errorf("pause -for 10m under a 1h pause: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	wantRun(t, []string{"resume", "-type", "pr:call", "-tenant", "acme"}, exitOK,
-		`resumed pr:call for tenant "acme": the pause until `+fmtTime(until)+" (in force) is lifted; workers decide its tasks by their quotas again (the tasks it held come back within a minute)\n", "")
+		`resumed pr:call for tenant "acme": the pause until `+fmtTime(until)+" (in force) is lifted; workers decide its tasks by their quotas again (the tasks it denied come back within a minute; a task that got a 429 waits for its Retry-After)\n", "")
 	if d := allow(t, lim, throttle.Request{Key: acme, Quotas: quotas}, probe); !d.Allowed {
 		t.Errorf("acme after resume: %+v; want admitted", d)
 	}

@@ -32,7 +32,8 @@ later if that is sooner (worker.PauseRecheck), without counting a failure or spe
 retry. With -tenant it pauses that tenant's log of task type T;
 without, T's own log (every tenant). A pause never shortens one in force: the later end
 stays, and pause prints it. resume lifts it at once (throttle.Limiter.Resume); the
-tasks it held come back within a minute.
+tasks the pause denied come back within a minute. A task whose own 429 made the pause
+(worker.Backpressure) is not one of them: it waits for its Retry-After (at most 1h).
 
 A task is decided only on the logs of its rule's quotas: a tenant pause does nothing if
 T's rule has no tenant= quota, a type pause nothing if it has no type= quota. When the
@@ -214,6 +215,6 @@ func runResume(e *env, args []string) int {
 	if j.WasUntil != nil {
 		until = " until " + fmtTime(*j.WasUntil) + " (" + state + ")"
 	}
-	fmt.Fprintf(e.stdout, "resumed %s: the pause%s is lifted; workers decide its tasks by their quotas again (the tasks it held come back within a minute)\n", what(key, scope), until)
+	fmt.Fprintf(e.stdout, "resumed %s: the pause%s is lifted; workers decide its tasks by their quotas again (the tasks it denied come back within a minute; a task that got a 429 waits for its Retry-After)\n", what(key, scope), until)
 	return exitOK
 }
