@@ -128,8 +128,9 @@ local FAIR_UNIT = 1000000
 -- could vanish while a late-stamped call should still count its entries.
 local MAX_SKEW = ARGV[4]
 local CHECK = MAX_SKEW ~= nil and MAX_SKEW ~= '0' -- the skew check (ARGV[4], INTERFACE)
+local VOUCHED = false -- the caller's now_ms is within MAX_SKEW of TIME: a lease records it
 if CHECK and string.byte(MAX_SKEW, 1) == 126 then -- "~<ms>": the caller vouches for now_ms
-  MAX_SKEW, CHECK = string.sub(MAX_SKEW, 2), false
+  MAX_SKEW, CHECK, VOUCHED = string.sub(MAX_SKEW, 2), false, true
 end
 local SLACK = MAX_SKEW and MAX_SKEW ~= '0' and 2 * tonumber(MAX_SKEW) or 0
 
@@ -604,12 +605,16 @@ repeat
     return {1, lo + 1, 0, now, 1, server_ms}
   end
   -- The lease, and on a type log the fair tag (what general's reservation tail writes).
-  if server_ms == 0 then
+  local created = server_ms -- as general's
+  if created == 0 and VOUCHED then
+    created = caller
+  elseif created == 0 then
     local tm = redis.call('TIME')
     server_ms = tm[1] * 1000 + math.floor(tm[2] / 1000)
+    created = server_ms
   end
   local leases = base .. 'leases'
-  redis.call('HSET', leases, token, '1:' .. (fairq and 'y' or 't') .. ':' .. string.format('%d', server_ms) .. ':' .. #holder .. ':' .. holder .. tenant)
+  redis.call('HSET', leases, token, '1:' .. (fairq and 'y' or 't') .. ':' .. string.format('%d', created) .. ':' .. #holder .. ':' .. holder .. tenant)
   local grown = {leases}
   if fairq then
     redis.call('ZADD', fairq, tag, token)
@@ -1621,8 +1626,13 @@ if not placed then
   end
 end
 
+-- A lease records the server's TIME when it is made, or, when the caller vouched for its
+-- clock (within MAX_SKEW of TIME, checked in the last second), the caller's: the sweep's
+-- grace allows for that much (worker.DefaultSweepGrace). AllowAt (no check) reads TIME.
 local created = server_ms
-if created == 0 then -- AllowAt and a vouched clock (no CHECK) do not read it; a lease records the server's
+if created == 0 and VOUCHED then
+  created = caller
+elseif created == 0 then
   local t = redis.call('TIME')
   created = t[1] * 1000 + math.floor(t[2] / 1000)
 end

@@ -397,12 +397,15 @@ func (l *Limiter) PausedUntil(ctx context.Context, key Key, scope Scope) (time.T
 
 // Reservation is a reservation held on a task type's logs, as Limiter.Reservations lists it.
 type Reservation struct {
-	Token    string    // Request.Reservation
-	Key      Key       // its task type and tenant
-	Cost     int       // slots it takes in every quota
-	Holder   string    // Request.Holder
-	Created  time.Time // the Redis server's TIME when it was reserved, to the millisecond
-	Priority int       // Request.Priority
+	Token  string // Request.Reservation
+	Key    Key    // its task type and tenant
+	Cost   int    // slots it takes in every quota
+	Holder string // Request.Holder
+	// Created is when it was reserved, to the millisecond: the Redis server's TIME, or the
+	// Limiter's own clock when its clock check vouched for it (within Config.MaxSkew of
+	// TIME), which saves the script a TIME call.
+	Created  time.Time
+	Priority int // Request.Priority
 }
 
 // Reservations calls fn for every reservation held on taskType's logs, in no particular

@@ -32,7 +32,8 @@ const (
 	DefaultSweepInterval = (DefaultWakeLead + claimTimeoutMargin) / 2
 	// DefaultSweepGrace is SweeperConfig.Grace when left zero. The sweep does not need it
 	// to be right (see Sweeper): it allows for the clocks of two Redis servers, when the
-	// limiter's is not asynq's, and is short enough that a task deleted right after its
+	// limiter's is not asynq's, and for a reservation's Created on a worker's clock (within
+	// throttle.Config.MaxSkew), and is short enough that a task deleted right after its
 	// denial loses its slot within Grace + Interval, less than the default ClaimTimeout.
 	DefaultSweepGrace = time.Second
 	// DefaultSweepConcurrency is SweeperConfig.Concurrency when left zero.
