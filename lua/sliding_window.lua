@@ -1457,15 +1457,17 @@ local function room_for(s, vt, roomy)
   return roomy[s]
 end
 
--- movable reports whether a pending reservation of scopes vs (cost 1) can give its slot
--- to this event: it has this event's scopes, or it is on the type log alone ("y") and this
--- event is on the type log too (then the type log is the only one it moves on). So a
--- tenant whose tier adds a tenant= quota still takes its weighted share of the type's
--- slots from tenants with the rule's type= quota alone. The other way round, a type-only
--- event cannot move a reservation that is on a tenant log as well: where that tenant's
--- log has room depends on its own quotas, which this call does not carry.
-local function movable(vs)
-  return vs == scopes or vs == 'y' and tlog ~= nil
+-- movable reports whether a pending reservation of scopes vs (cost 1) of tenant vt can
+-- give its slot to this event: it has this event's scopes, or it is another tenant's on
+-- the type log alone ("y") and this event is on the type log too (then the type log is
+-- the only one it moves on, and room_for checks this event's tenant logs, as for any
+-- other tenant's). So a tenant whose tier adds a tenant= quota still takes its weighted
+-- share of the type's slots from tenants with the rule's type= quota alone. The other way
+-- round, a type-only event cannot move a reservation that is on a tenant log as well:
+-- where that tenant's log has room depends on its own quotas, which this call does not
+-- carry.
+local function movable(vs, vt)
+  return vs == scopes or vs == 'y' and tlog ~= nil and vt ~= tenant
 end
 
 -- displace gives the slot at sv of the pending reservation v (cost 1, of scopes vscopes,
@@ -1532,7 +1534,7 @@ if prio > 0 and cost == 1 and token ~= '' then
     if rec and string.sub(page[2 * i - 1], 1, 2) == '1:' then
       local vcost, vscopes, vten, _, vprio = lease_parse(rec)
       local s = tonumber(page[2 * i])
-      if vcost == 1 and movable(vscopes) and vprio < prio and room_for(s, vten, roomy) then
+      if vcost == 1 and movable(vscopes, vten) and vprio < prio and room_for(s, vten, roomy) then
         v, sv, vt, vsc = page[2 * i - 1], s, vten, vscopes
         break
       end
@@ -1609,7 +1611,7 @@ if not placed and tlog and cost == 1 then
     local rec = recs[i]
     if rec and s > now and string.sub(page[2 * i - 1], 1, 2) == '1:' then
       local vcost, vscopes, vten, _, vprio = lease_parse(rec)
-      if vcost == 1 and movable(vscopes) and vten ~= tenant and vprio <= prio and room_for(s, vten, roomy) then
+      if vcost == 1 and movable(vscopes, vten) and vten ~= tenant and vprio <= prio and room_for(s, vten, roomy) then
         fv, fsv, fvt, fsc = page[2 * i - 1], s, vten, vscopes
         break
       end

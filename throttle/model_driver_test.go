@@ -585,7 +585,7 @@ func checkTTL(fail func(string, ...any), key string, o observedKey, ttls modelTT
 // limit, whatever was decided.
 func checkLimits(fail func(string, ...any), m *model, types []modelType) {
 	for _, typ := range types {
-		for _, q := range typ.quotas {
+		for _, q := range append(slices.Clone(typ.quotas), typ.tier...) { // a tier's tenant= quota: the weighted tenants' logs
 			for id, st := range m.logs {
 				if id.taskType == typ.name && id.scope == q.Scope {
 					if most := st.maxWindow(q.Limit.Window.Milliseconds()); most > q.Limit.Events {

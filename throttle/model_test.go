@@ -846,7 +846,7 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 			break
 		}
 		l, ok := c.leases[pend[i][strings.IndexByte(pend[i], ':')+1:]]
-		if !ok || s <= c.now || !strings.HasPrefix(pend[i], "1:") || l.cost != 1 || !c.movable(l.scopes) || l.tenant == c.tenant {
+		if !ok || s <= c.now || !strings.HasPrefix(pend[i], "1:") || l.cost != 1 || !c.movable(l.scopes, l.tenant) || l.tenant == c.tenant {
 			continue
 		}
 		if l.priority > c.priority { // a fair rank never displaces a higher priority
@@ -873,10 +873,11 @@ type modelVictim struct {
 	scopes string
 }
 
-// movable: a pending reservation of scopes vs can give its slot to the event: it has the
-// event's scopes, or it is on the type log alone and the event is on the type log too.
-func (c *modelCall) movable(vs string) bool {
-	return vs == c.scopes || vs == "y" && c.typeLog != nil
+// movable: a pending reservation of scopes vs and (escaped) tenant vt can give its slot to
+// the event: it has the event's scopes, or it is another tenant's on the type log alone
+// and the event is on the type log too.
+func (c *modelCall) movable(vs, vt string) bool {
+	return vs == c.scopes || vs == "y" && c.typeLog != nil && vt != c.tenant
 }
 
 // roomFor: the event's logs that a reservation of tenant vt does not share (its tenant
@@ -907,7 +908,7 @@ func (c *modelCall) prioVictim(t int64) *modelVictim {
 			break
 		}
 		l, ok := c.leases[pm[strings.IndexByte(pm, ':')+1:]]
-		if !ok || !strings.HasPrefix(pm, "1:") || l.cost != 1 || !c.movable(l.scopes) || l.priority >= c.priority {
+		if !ok || !strings.HasPrefix(pm, "1:") || l.cost != 1 || !c.movable(l.scopes, l.tenant) || l.priority >= c.priority {
 			continue
 		}
 		if s := pl.st.pending[pm]; c.roomFor(s, l.tenant) {
