@@ -30,6 +30,10 @@ it; a pause of that log goes with it. Without -tenant it deletes every key of T
 when they come back. It lists what it will delete and asks for confirmation on stdin
 (y or yes), unless -yes.
 
+What it forgets includes the window's admissions: in the window around a reset, up to
+twice the limit can run (those admitted before it, and a full window after it), so an
+upstream API with the same limit may answer 429 once.
+
 Flags:
   -json    print JSON on stdout
   -tenant  the tenant whose log to clear ('' is the tenant of untagged tasks)
