@@ -626,10 +626,19 @@ func reservationID(ctx context.Context, task *asynq.Task) string {
 	return id
 }
 
+// replayLateness is how far past its instant a replayed admission (Decision.Replay: a
+// retry found what an attempt whose reply was lost had decided) may be and still start
+// the task: the first retry's backoff (50ms) and a round trip. Later than that, as after
+// durable mode waited seconds for a replica, or an outage, the task would start that much
+// after the instant the log counts it at, and an upstream with the same limit could see
+// one more than the limit in a window: allow asks again as a new event instead.
+const replayLateness = 100 * time.Millisecond
+
 // allow asks the limiter, and while it cannot answer (a Redis error, not ErrInvalid) asks
 // again with the same request, so the same event id, for up to m.wait and never past
 // ctx's deadline: a decision made by a call whose reply was lost is then found and
-// reported again (Decision.Replay), not made a second time. Only one task at a time asks
+// reported again (Decision.Replay), not made a second time; an admission so found more than
+// replayLateness past its instant is not run on, and the event is asked again afresh. Only one task at a time asks
 // a limiter whose Redis is failing (see limiterHealth): any other returns errProbing at
 // once, before or after its first call. A task that gives up so after a call whose reply
 // was lost leaves the slot that call may have taken unused until it leaves the window:
@@ -655,6 +664,15 @@ func (m *middleware) allow(ctx context.Context, req throttle.Request) (throttle.
 		}
 		if err == nil {
 			m.health.ok()
+			if d.Allowed && d.Replay && m.now().Sub(d.At) > replayLateness {
+				// An earlier attempt was admitted but its reply was lost (or, in durable
+				// mode, not acknowledged in time), for an instant long past: started now,
+				// the task would run outside the window the log counts it in. Ask again as
+				// a new event; the old admission stays counted where it was logged (a slot
+				// may be lost, never the limit).
+				req.Member, req.Fresh = throttle.NewMember(), true
+				continue
+			}
 			return d, nil
 		}
 		if !m.health.failed(ctx, &probe) || !m.now().Add(backoff).Before(giveUp) {
