@@ -110,13 +110,21 @@ func runAt(ctx context.Context, args []string, stdout, stderr io.Writer, now fun
 	rdb := renv.NewClient()
 	defer rdb.Close()
 	// A REDIS_DB the server does not have fails every command: report it as the bad
-	// variable it is. Other failures (Redis down) show at the first enqueue.
+	// variable it is. Other failures (Redis down) show at the first enqueue, except
+	// through Sentinel (below).
 	pingCtx, cancel := context.WithTimeout(ctx, redisPingTimeout)
 	err = renv.Ping(pingCtx, rdb)
 	cancel()
 	if errors.Is(err, redisenv.ErrNoSuchDB) || errors.Is(err, redisenv.ErrNotCluster) {
 		fmt.Fprintf(stderr, "enqueue: %v\n", err)
 		return exitUsage
+	}
+	if err != nil && renv.MasterName != "" {
+		// Through Sentinel every enqueue would fail with go-redis's "all sentinels
+		// specified in configuration are unreachable", whatever is wrong; Ping says which
+		// variable it is, as cmd/worker does at start.
+		fmt.Fprintf(stderr, "enqueue: Redis at REDIS_ADDR=%q does not answer: %v\n", renv.Addr, err)
+		return exitEnqueue
 	}
 	ecfg := producer.EnqueuerConfig{TenantHeader: env.TenantHeader, Prefix: env.Prefix, Redis: rdb, NowFunc: now}
 	if len(env.Quota) > 0 {

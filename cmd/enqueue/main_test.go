@@ -574,6 +574,27 @@ func TestRun_enqueueQuota(t *testing.T) {
 	}
 }
 
+// TestRun_sentinelUnknownMaster: a REDIS_MASTER_NAME the sentinels do not know is named
+// before any enqueue (go-redis would say "all sentinels specified in configuration are
+// unreachable"), exit 1, nothing enqueued.
+func TestRun_sentinelUnknownMaster(t *testing.T) {
+	s := redistest.StartSentinel(t)
+	addr := strings.Join(s.Addrs, ",")
+	setRedisEnv(t, addr)
+	t.Setenv("REDIS_MASTER_NAME", "nosuch")
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"-n", "1"}, &stdout, &stderr); code != exitEnqueue {
+		t.Errorf("exit %d, want %d", code, exitEnqueue)
+	}
+	want := `enqueue: Redis at REDIS_ADDR="` + addr + `" does not answer: redisenv: no Sentinel in REDIS_ADDR="` + addr + `" knows REDIS_MASTER_NAME="nosuch"` + "\n"
+	if stderr.String() != want || stdout.Len() != 0 {
+		t.Errorf("stdout %q, stderr\n%s\nwant nothing and\n%s", stdout.String(), stderr.String(), want)
+	}
+	if n, err := s.Primary.Client().DBSize(context.Background()).Result(); err != nil || n != 0 {
+		t.Errorf("DBSIZE on the primary = %d, %v; want 0 (nothing enqueued)", n, err)
+	}
+}
+
 // TestRun_sentinel enqueues through Sentinel: REDIS_ADDR lists the sentinels of
 // redistest.StartSentinel, REDIS_MASTER_NAME names their master. With ENQUEUE_QUOTA the
 // quota is decided there too: 2 of each tenant's 3 tasks are enqueued, on the primary, and
