@@ -232,7 +232,13 @@ func TestBackpressure_pausesTenantOnEveryWorker(t *testing.T) {
 	wantA := wantOutcomes(map[string]float64{worker.OutcomeAdmitted: 5, worker.OutcomeBackpressure: 1, worker.OutcomePaused: 2})
 	wantB := wantOutcomes(map[string]float64{worker.OutcomeAdmitted: 3, worker.OutcomePaused: 2})
 	for q, want := range map[string]map[string]float64{"a": wantA, "b": wantB} {
-		if got := outcomes(t, servers[q].metrics, "bp:call"); fmtOutcomes(got) != fmtOutcomes(want) {
+		got := outcomes(t, servers[q].metrics, "bp:call")
+		// A call stamped a ms before the other server's admission on the same log is
+		// decided at that admission's instant (the log's high-water mark) and waits the ms
+		// out: an admission counted as waited. Which server's call comes second is a race.
+		got[worker.OutcomeAdmitted] += got[worker.OutcomeWaited]
+		got[worker.OutcomeWaited] = 0
+		if fmtOutcomes(got) != fmtOutcomes(want) {
 			t.Errorf("server %s decisions:\n got  %s\n want %s", q, fmtOutcomes(got), fmtOutcomes(want))
 		}
 		if got := counter(t, servers[q].reg, "asynq_throttle_redis_errors_total", map[string]string{"task_type": "bp:call", "call": worker.CallPause}); got != 0 {
