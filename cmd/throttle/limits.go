@@ -280,6 +280,7 @@ func showEffective(e *env, key string, o *worker.Overrides, defaults []worker.Ru
 		j.Tenant = &tenant.v
 		j.Tier = o.TenantTiers[tenant.v]
 	}
+	var rules []worker.Rule // each limit's effective rule
 	for _, tt := range types {
 		var eff worker.Effective
 		var ok bool
@@ -298,6 +299,7 @@ func showEffective(e *env, key string, o *worker.Overrides, defaults []worker.Ru
 			l.Weight, l.WeightFrom = 1, "default"
 		}
 		j.Limits = append(j.Limits, l)
+		rules = append(rules, eff.Rule)
 	}
 	if e.json {
 		return e.printJSON(j)
@@ -323,11 +325,31 @@ func showEffective(e *env, key string, o *worker.Overrides, defaults []worker.Ru
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  TASK TYPE\tRULE\tWEIGHT\tRULE FROM\tTENANT QUOTAS FROM\tWEIGHT FROM")
-	for _, l := range j.Limits {
+	var typeOnly []string // task types where the weight cannot take slots from tiered tenants
+	for i, l := range j.Limits {
 		fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s\n", display(l.TaskType), l.Rule, l.Weight, l.RuleFrom, l.QuotasFrom, l.WeightFrom)
+		if l.Weight > 1 && weightTypeOnly(rules[i]) {
+			typeOnly = append(typeOnly, display(l.TaskType))
+		}
 	}
 	_ = tw.Flush()
+	if len(typeOnly) > 0 {
+		fmt.Fprintf(e.stdout, "note: on %s the weight has type= quotas but no tenant= quota: it does not take slots from tenants whose tier adds tenant= quotas (they share equally; README.md, Tiers and overrides)\n",
+			strings.Join(typeOnly, ", "))
+	}
 	return exitOK
+}
+
+// weightTypeOnly reports whether r has a type= quota and no tenant= quota: a weight under
+// it shares the type's slots only with tenants whose reservations are on the type log
+// alone (the script's movable, lua/sliding_window.lua).
+func weightTypeOnly(r worker.Rule) bool {
+	typ, tenant := false, false
+	for _, q := range r.Quotas {
+		typ = typ || q.Scope == throttle.ScopeType
+		tenant = tenant || q.Scope == throttle.ScopeTenant
+	}
+	return typ && !tenant
 }
 
 // printJSON writes v as one JSON object on stdout.

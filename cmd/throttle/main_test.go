@@ -103,6 +103,28 @@ func TestRun_redisDownExits1(t *testing.T) {
 
 // TestLimits_setShowDelete drives every action against a redis-server and checks the exact
 // output, human and JSON, and the exit status of each rejection.
+// TestLimits_showWeightTypeOnly: a weight under a rule of type= quotas alone gets a note
+// (it does not take slots from tenants whose tier adds tenant= quotas); under a rule with
+// a tenant= quota, or at weight 1, none.
+func TestLimits_showWeightTypeOnly(t *testing.T) {
+	srv := redistest.StartServer(t)
+	setEnv(t, "REDIS_ADDR", srv.Addr, "THROTTLE_RULES", "w2:call type=8/1s; w3:call tenant=5/1s type=8/1s")
+	if code, _, errOut := cli(t, "limits", "set", "tenant", "heavy", "weight=3"); code != exitOK {
+		t.Fatalf("limits set: exit %d: %s", code, errOut)
+	}
+	wantRun(t, []string{"limits", "show", "-tenant", "heavy"}, exitOK, `what tenant "heavy" gets, overrides version 1:
+  TASK TYPE  RULE                           WEIGHT  RULE FROM     TENANT QUOTAS FROM  WEIGHT FROM
+  w2:call    w2:call type=8/1s              3       default rule  default rule        tenant override
+  w3:call    w3:call tenant=5/1s type=8/1s  3       default rule  default rule        tenant override
+note: on w2:call the weight has type= quotas but no tenant= quota: it does not take slots from tenants whose tier adds tenant= quotas (they share equally; README.md, Tiers and overrides)
+`, "")
+	wantRun(t, []string{"limits", "show", "-tenant", "light"}, exitOK, `what tenant "light" gets, overrides version 1:
+  TASK TYPE  RULE                           WEIGHT  RULE FROM     TENANT QUOTAS FROM  WEIGHT FROM
+  w2:call    w2:call type=8/1s              1       default rule  default rule        default
+  w3:call    w3:call tenant=5/1s type=8/1s  1       default rule  default rule        default
+`, "")
+}
+
 func TestLimits_setShowDelete(t *testing.T) {
 	srv := redistest.StartServer(t)
 	setEnv(t, "REDIS_ADDR", srv.Addr, "THROTTLE_PREFIX", "tp")
