@@ -87,8 +87,9 @@ type changeEvent struct {
 
 	mu       sync.Mutex
 	d        throttle.Decision
-	errs     []error // of the attempts that failed, in order
-	resolved bool    // an attempt returned a decision
+	errs     []error   // of the attempts that failed, in order
+	resolved bool      // an attempt returned a decision
+	at       time.Time // when it returned it
 }
 
 // changeRun drives the rounds through the limiters on one cluster client.
@@ -147,7 +148,7 @@ func (r *changeRun) start(round int) *changeRound {
 				r.gate.RUnlock()
 				ev.mu.Lock()
 				if err == nil {
-					ev.d, ev.resolved = d, true
+					ev.d, ev.resolved, ev.at = d, true, time.Now()
 					ev.mu.Unlock()
 					return
 				}
@@ -480,13 +481,31 @@ func TestLimiter_ClusterPrimaryKilled(t *testing.T) {
 	t.Logf("replica %s promoted %v after the kill; round 2 all decided %v after it; %d events got errors (%v), %d replays",
 		promoted, promotedAfter.Round(time.Millisecond), decidedAfter.Round(time.Millisecond), events, seen, r.replays())
 	// Round 2's first attempts come within milliseconds of the kill, and no replica can be
-	// promoted before the node timeout (1s): every event of the dead master's 3 types (240,
-	// for both limiters) failed at least once, and none was decided by the dead master.
+	// promoted before the node timeout (1s): every event of the dead master's 3 types (120
+	// per limiter) failed at least once, and none was decided in that second. With
+	// AutoPipeline the first may not fail: go-redis's cluster pipeline retries a command on
+	// its own, and under load (a clean-clone CI run: 10 of 120) it retried until the slot
+	// had a master again, so for that limiter only the second holds.
+	quiet := 0
 	for _, ev := range r.events[2] {
 		onDead := slices.ContainsFunc(clusterTypes, func(ct clusterType) bool { return ct.name == ev.taskType && ct.master == 0 })
-		if onDead && len(ev.errs) == 0 {
-			t.Errorf("%s %s/%s round 2: decided without an error, while its master was dead", ev.lim, ev.taskType, ev.tenant)
+		if !onDead {
+			continue
 		}
+		if ev.resolved && ev.at.Before(killed.Add(time.Second)) {
+			t.Errorf("%s %s/%s round 2: decided %v after the kill, before any replica could be promoted", ev.lim, ev.taskType, ev.tenant,
+				ev.at.Sub(killed).Round(time.Millisecond))
+		}
+		switch {
+		case len(ev.errs) > 0:
+		case ev.lim == "plain":
+			t.Errorf("%s %s/%s round 2: decided without an error, while its master was dead", ev.lim, ev.taskType, ev.tenant)
+		default:
+			quiet++
+		}
+	}
+	if quiet > 0 {
+		t.Logf("%d pipelined events of the dead master's types were decided after the promotion without an error reaching them", quiet)
 	}
 }
 
