@@ -658,10 +658,12 @@ func (c *modelCall) run() modelOutcome {
 	if held && heldAt > c.now+c.claimWait {
 		return modelOutcome{held: true, reserved: true, binding: 0, countAt: c.now, at: c.now, retry: heldAt - c.caller}
 	}
-	if held && heldAt >= c.now && !c.claimFits(heldAt) {
+	onTime := held && heldAt >= c.now
+	if onTime && !c.claimFits(heldAt) {
 		c.m.notes["claimRefit"]++ // a rule lowered a limit since the reservation was made
+		onTime = false
 	}
-	if held && heldAt >= c.now && c.claimFits(heldAt) {
+	if onTime {
 		for _, cl := range c.logs { // the reservation becomes the admission, in place
 			delete(cl.st.pending, pm)
 			cl.pRemoved = true

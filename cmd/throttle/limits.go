@@ -280,7 +280,7 @@ func showEffective(e *env, key string, o *worker.Overrides, defaults []worker.Ru
 		j.Tenant = &tenant.v
 		j.Tier = o.TenantTiers[tenant.v]
 	}
-	var rules []worker.Rule // each limit's effective rule
+	var typeOnly []string // task types where the weight cannot take slots from tiered tenants
 	for _, tt := range types {
 		var eff worker.Effective
 		var ok bool
@@ -299,7 +299,9 @@ func showEffective(e *env, key string, o *worker.Overrides, defaults []worker.Ru
 			l.Weight, l.WeightFrom = 1, "default"
 		}
 		j.Limits = append(j.Limits, l)
-		rules = append(rules, eff.Rule)
+		if l.Weight > 1 && weightTypeOnly(eff.Rule) {
+			typeOnly = append(typeOnly, display(tt))
+		}
 	}
 	if e.json {
 		return e.printJSON(j)
@@ -325,12 +327,8 @@ func showEffective(e *env, key string, o *worker.Overrides, defaults []worker.Ru
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  TASK TYPE\tRULE\tWEIGHT\tRULE FROM\tTENANT QUOTAS FROM\tWEIGHT FROM")
-	var typeOnly []string // task types where the weight cannot take slots from tiered tenants
-	for i, l := range j.Limits {
+	for _, l := range j.Limits {
 		fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s\n", display(l.TaskType), l.Rule, l.Weight, l.RuleFrom, l.QuotasFrom, l.WeightFrom)
-		if l.Weight > 1 && weightTypeOnly(rules[i]) {
-			typeOnly = append(typeOnly, display(l.TaskType))
-		}
 	}
 	_ = tw.Flush()
 	if len(typeOnly) > 0 {
