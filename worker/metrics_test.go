@@ -161,8 +161,12 @@ func TestMetrics_waited(t *testing.T) {
 		t.Errorf("outcomes: %s, want %s", fmtOutcomes(got), fmtOutcomes(want))
 	}
 	h := histogram(t, reg, "asynq_throttle_delay_seconds", map[string]string{"task_type": "w:call", "outcome": worker.OutcomeWaited})
-	if h.GetSampleCount() != 1 || bucket(t, h, 2.5) != 1 || h.GetSampleSum() <= 0 || h.GetSampleSum() > 2 {
-		t.Errorf("waited delay: %d observed, %d within 2.5s, sum %gs; want 1, 1, in (0, 2s]",
+	// The second task waits until the first's admission leaves the 2s window: at most 2s
+	// after its own call, plus the ms by which that call may have been stamped before the
+	// first's admission (asynq dequeues both at once; such a call is decided at the log's
+	// high-water instant, so its Delay counts from its own stamp).
+	if h.GetSampleCount() != 1 || bucket(t, h, 2.5) != 1 || h.GetSampleSum() <= 0 || h.GetSampleSum() > 2.1 {
+		t.Errorf("waited delay: %d observed, %d within 2.5s, sum %gs; want 1, 1, in (0, 2.1s]",
 			h.GetSampleCount(), bucket(t, h, 2.5), h.GetSampleSum())
 	}
 	if f := family(t, reg, "asynq_throttle_reservations_held"); f != nil {
