@@ -15,7 +15,8 @@
 -- cost - 1 over C's entries up to this one, in score order). So the slots of a window
 -- (a, b] are ZCOUNT(L, a, b) plus a difference of two <cum>s: O(log N), one entry per event.
 -- Per task type: LEASES (hash: token -> "<cost>:<scopes>:<created ms>:<n>:<holder><tenant>",
--- holder n bytes, after "p<priority>:" for a priority above 0), FAIRQ (sorted set: token -> fair tag), FAIRH (hash: "v" -> the tag of
+-- holder n bytes, after "p<priority>:" for a priority above 0; scopes: "t" and "y" in log
+-- order, then, with a tenant log, "=" and its quotas as "<limit>/<window ms>" joined by ","), FAIRQ (sorted set: token -> fair tag), FAIRH (hash: "v" -> the tag of
 -- the latest claimed reservation, "l:<tenant>" -> the tenant's latest tag).
 --
 -- THE RULE (README.md, The script). Cost c fits at instant t iff, for every quota (limit, W), every
@@ -557,7 +558,7 @@ repeat
         end
         if recs[i] and s > now and string.sub(page[2 * i - 1], 1, 2) == '1:' then
           -- "<cost>:<scopes>:<created>:<n>:<holder><tenant>"; "p<priority>:..." does not match
-          local vcost, vscopes, vn, vrest = string.match(recs[i], '^(%d+):(%a+):%d+:(%d+):(.*)$')
+          local vcost, vscopes, vn, vrest = string.match(recs[i], '^(%d+):([^:]+):%d+:(%d+):(.*)$')
           if vcost == '1' and vscopes == 'y' and string.sub(vrest, tonumber(vn) + 1) ~= tenant then
             victim, vs, done = page[2 * i - 1], s, true
             break
@@ -612,7 +613,7 @@ repeat
     created = server_ms
   end
   local leases = base .. 'leases'
-  redis.call('HSET', leases, token, '1:' .. (fairq and 'y' or 't') .. ':' .. string.format('%d', created) .. ':' .. #holder .. ':' .. holder .. tenant)
+  redis.call('HSET', leases, token, '1:' .. (fairq and 'y' or ('t=' .. ARGV[6] .. '/' .. ARGV[7])) .. ':' .. string.format('%d', created) .. ':' .. #holder .. ':' .. holder .. tenant)
   local grown = {leases}
   if fairq then
     redis.call('ZADD', fairq, tag, token)
@@ -1010,13 +1011,16 @@ end
 -- finish completes the writes to a log decided at now: the queued entries, the trim of
 -- what is at or before now - its longest window (also in C: removing C's front keeps every
 -- later <cum> difference right), its sentinels, and TTLs that outlast every entry by the
--- longest window (and the claim timeout, with reservations).
+-- longest window (and the claim timeout, with reservations). Another tenant's log (other:
+-- a displaced reservation's) is not trimmed and its TTLs only grow: its own quotas, which
+-- this call does not carry, may have longer windows (a tier's), whose entries a trim or
+-- a shorter TTL at this call's windows would drop.
 local function finish(log, now, claim_timeout)
   if not log.dirty then
     return
   end
   local floor = fmt(now - log.wmax)
-  if has_c(log) then
+  if has_c(log) and not log.other then
     redis.call('ZREMRANGEBYSCORE', log.C, FLOOR, floor)
     if redis.call('ZCARD', log.C) == 0 then
       log.flags = log.flags - 1
@@ -1048,27 +1052,31 @@ local function finish(log, now, claim_timeout)
   end
   redis.call('ZADD', log.L, unpack(add)) -- at most 10 values: the queued entries (at most 3) and 2 sentinels
   log.add = {}
-  redis.call('ZREMRANGEBYSCORE', log.L, FLOOR, floor)
+  if not log.other then
+    redis.call('ZREMRANGEBYSCORE', log.L, FLOOR, floor)
+  end
   local ttl = math.max(log.hiw, now) - now + log.wmax + SLACK
+  local expire = log.other and grow or function(k, ms) redis.call('PEXPIRE', k, ms) end
   if has_p(log) then
     ttl = ttl + claim_timeout
-    redis.call('PEXPIRE', log.P, ttl)
+    expire(log.P, ttl, true)
   end
   if has_c(log) then
-    redis.call('PEXPIRE', log.C, ttl)
+    expire(log.C, ttl, true)
   end
-  redis.call('PEXPIRE', log.L, ttl)
+  expire(log.L, ttl, true)
   log.dirty = false
 end
 
 -- ---------------------------------------------------------------------------------------
 -- Reservations
 
--- lease_parse returns the cost, scopes ("t" tenant, "y" type, in log order), tenant,
+-- lease_parse returns the cost, scopes ("t" tenant, "y" type, in log order, then the tenant
+-- log's quotas: see LEASES), tenant,
 -- holder and priority of a lease record.
 local function lease_parse(rec)
   local p, tail = string.match(rec, '^p(%d+):(.*)$')
-  local cost, scopes, n, rest = string.match(tail or rec, '^(%d+):(%a+):%d+:(%d+):(.*)$')
+  local cost, scopes, n, rest = string.match(tail or rec, '^(%d+):([^:]+):%d+:(%d+):(.*)$')
   n = tonumber(n)
   return tonumber(cost), scopes, string.sub(rest, n + 1), string.sub(rest, 1, n), tonumber(p or '0')
 end
@@ -1156,6 +1164,7 @@ if ARGV[1] == 'r' then
     return 0
   end
   local cost, scopes, tenant = lease_parse(rec)
+  scopes = string.match(scopes, '^%a+') -- its logs' letters
   local pm = cost .. ':' .. token
   local held = 0
   for i = 1, #scopes do -- at most 2 logs
@@ -1431,9 +1440,27 @@ if t <= now + horizon then
   return admitted(t, 0, t == now and cost or nil, held)
 end
 
-local scopes = ''
+local scopes, letters, tq = '', '', {}
 for j = 1, m do
-  scopes = scopes .. (j == type_log and 'y' or 't')
+  letters = letters .. (j == type_log and 'y' or 't')
+end
+for _, q in ipairs(quotas) do
+  if q.log ~= tlog then
+    tq[#tq + 1] = fmt(q.limit) .. '/' .. fmt(q.w)
+  end
+end
+scopes = #tq > 0 and (letters .. '=' .. table.concat(tq, ',')) or letters -- a lease's scopes (LEASES)
+
+-- tenant_quotas returns the tenant log's quotas a lease's scopes vs record (LEASES), and
+-- the longest window: a displaced reservation of another tenant moves on its tenant log
+-- under the quotas it reserved under (its tier's), not this call's.
+local function tenant_quotas(vs)
+  local qs, wmax = {}, 0
+  for l, w in string.gmatch(string.match(vs, '=(.*)$') or '', '(%d+)/(%d+)') do -- its quotas: at most as many as ARGV holds
+    qs[#qs + 1] = {limit = tonumber(l), w = tonumber(w)}
+    wmax = math.max(wmax, tonumber(w))
+  end
+  return qs, wmax
 end
 
 -- room_for reports whether this event's logs that a reservation of tenant vt does not
@@ -1456,26 +1483,34 @@ local function room_for(s, vt, roomy)
 end
 
 -- movable reports whether a pending reservation of scopes vs (cost 1) of tenant vt can
--- give its slot to this event: it has this event's scopes, or it is another tenant's on
--- the type log alone ("y") and this event is on the type log too (then the type log is
--- the only one it moves on, and room_for checks this event's tenant logs, as for any
--- other tenant's). So a tenant whose tier adds a tenant= quota still takes its weighted
--- share of the type's slots from tenants with the rule's type= quota alone. The other way
--- round, a type-only event cannot move a reservation that is on a tenant log as well:
--- where that tenant's log has room depends on its own quotas, which this call does not
--- carry.
+-- give its slot to this event: it has this event's scopes; or it is another tenant's on
+-- the same logs (the type log and that tenant's), reserved under tenant quotas its lease
+-- records, maybe another tier's; or it is another tenant's on the type log alone ("y")
+-- and this event is on the type log too (then the type log is the only one it moves on,
+-- and room_for checks this event's tenant logs, as for any other tenant's). So a tenant
+-- whose tier adds a tenant= quota still takes its weighted share of the type's slots from
+-- tenants with the rule's type= quota alone. The other way round, a type-only event
+-- cannot move a reservation that is on a tenant log as well (the one-log path, which
+-- decides such an event, moves type-only ones alone). A lease written before its scopes
+-- recorded quotas ("yt" alone) is another tenant's only to an event of those scopes.
 local function movable(vs, vt)
-  return vs == scopes or vs == 'y' and tlog ~= nil and vt ~= tenant
+  if vs == scopes then
+    return true
+  end
+  if vt == tenant or tlog == nil then
+    return false
+  end
+  return vs == 'y' or string.sub(vs, 1, #letters + 1) == letters .. '='
 end
 
 -- displace gives the slot at sv of the pending reservation v (cost 1, of scopes vscopes,
 -- movable) of tenant vt to this event: its admission am if admit, else its reservation; v
 -- moves to its own earliest instant after now, keeping its lease and tag. Its logs are the
--- type log, and with this event's scopes its tenant's, under this event's quotas (this
--- event's own, for its tenant).
+-- type log, and on this event's logs its tenant's, under the tenant quotas its lease
+-- records (this event's own, for its tenant).
 local function displace(v, sv, vt, admit, vscopes)
   local vlogs = {}
-  if vscopes ~= scopes then
+  if vscopes == 'y' and letters ~= 'y' then
     vlogs[1] = tlog
   else
     for j = 1, m do
@@ -1484,7 +1519,8 @@ local function displace(v, sv, vt, admit, vscopes)
       else
         local part = 'tenant:' .. vt
         local vl = new_log(base .. part, base .. 'pending:' .. part, base .. 'costs:' .. part)
-        vl.q, vl.wmax, vl.add, vl.other = logs[j].q, logs[j].wmax, {}, true
+        vl.q, vl.wmax = tenant_quotas(vscopes)
+        vl.add, vl.other = {}, true
         load(vl)
         vlogs[j] = vl
       end

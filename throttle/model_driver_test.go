@@ -170,14 +170,29 @@ type modelType struct {
 	// tier, if set, are quotas a tenant with a weight (modelWeights) has before the rule's,
 	// as a "pro" tier's tenant= quota and weight= beside a rule of type= quotas alone.
 	tier []throttle.Quota
+	// replaces: the tier's quotas take the place of the rule's tenant= quotas instead (a
+	// tier with its own tenant= quota on a rule that has one): both tiers' tenants then
+	// reserve on the same scopes under different tenant quotas.
+	replaces bool
 }
 
 // quotasFor returns the quotas of a request of tenant on the type.
 func (typ modelType) quotasFor(tenant string) []throttle.Quota {
-	if typ.tier != nil && modelWeights[tenant] > 0 {
-		return append(slices.Clone(typ.tier), typ.quotas...)
+	switch {
+	case typ.tier == nil || modelWeights[tenant] == 0:
+		return typ.quotas
+	case typ.replaces:
+		var qs []throttle.Quota
+		for _, q := range typ.quotas {
+			if q.Scope == throttle.ScopeTenant {
+				qs = append(qs, typ.tier...)
+			} else {
+				qs = append(qs, q)
+			}
+		}
+		return qs
 	}
-	return typ.quotas
+	return append(slices.Clone(typ.tier), typ.quotas...)
 }
 
 // modelUnit is the generator's unit of time, in ms. Windows are 1-50 units and the clock
@@ -213,6 +228,11 @@ func newModelGen(seed uint64) *modelGen {
 			{Scope: throttle.ScopeType, Limit: throttle.Limit{Events: 80 + g.rng.IntN(100), Window: msDuration((5 + g.rng.Int64N(20)) * modelUnit)}}}},
 		{name: "tiered", unit: true, quotas: []throttle.Quota{{Scope: throttle.ScopeType, Limit: throttle.Limit{Events: 2 + g.rng.IntN(3), Window: msDuration(10 * modelUnit)}}},
 			tier: []throttle.Quota{{Scope: throttle.ScopeTenant, Limit: throttle.Limit{Events: 6, Window: msDuration(10 * modelUnit)}}}},
+		// A free tier's long tenant window and a pro tier's short one, on one type quota.
+		{name: "tiers", unit: true, replaces: true, quotas: []throttle.Quota{
+			{Scope: throttle.ScopeType, Limit: throttle.Limit{Events: 2 + g.rng.IntN(3), Window: msDuration(10 * modelUnit)}},
+			{Scope: throttle.ScopeTenant, Limit: throttle.Limit{Events: 2, Window: msDuration(60 * modelUnit)}}},
+			tier: []throttle.Quota{{Scope: throttle.ScopeTenant, Limit: throttle.Limit{Events: 6, Window: msDuration(5 * modelUnit)}}}},
 	}
 	return g
 }
@@ -489,7 +509,7 @@ func modelKeys(m *model, prefix string, taskType string, op modelOp) []string {
 	return slices.Sorted(maps.Keys(set))
 }
 
-var leaseCreated = regexp.MustCompile(`^((?:p\d+:)?\d+:[a-z]+:)\d+:`)
+var leaseCreated = regexp.MustCompile(`^((?:p\d+:)?\d+:[^:]+:)\d+:`)
 
 // checkKeys compares every observed key with the model.
 func checkKeys(fail func(string, ...any), m *model, prefix, taskType string, call observedCall, ttls modelTTLs, serverMS int64) {
@@ -582,12 +602,16 @@ func checkTTL(fail func(string, ...any), key string, o observedKey, ttls modelTT
 }
 
 // checkLimits is the model's own check that no window of a fixed rule holds more than its
-// limit, whatever was decided.
+// limit, whatever was decided: each log under the quotas of its scope that its tenant's
+// requests carry (the type log under the rule's).
 func checkLimits(fail func(string, ...any), m *model, types []modelType) {
 	for _, typ := range types {
-		for _, q := range append(slices.Clone(typ.quotas), typ.tier...) { // a tier's tenant= quota: the weighted tenants' logs
-			for id, st := range m.logs {
-				if id.taskType == typ.name && id.scope == q.Scope {
+		for id, st := range m.logs {
+			if id.taskType != typ.name {
+				continue
+			}
+			for _, q := range typ.quotasFor(id.tenant) {
+				if q.Scope == id.scope {
 					if most := st.maxWindow(q.Limit.Window.Milliseconds()); most > q.Limit.Events {
 						fail("log %+v holds %d slots in a window of %s, over its limit %d", id, most, q.Limit.Window, q.Limit.Events)
 					}
@@ -623,7 +647,7 @@ func TestLimiter_AllowAt_matchesModel(t *testing.T) {
 			return
 		}
 		for _, c := range []string{"admitted", "admittedAhead", "replay", "denied", "reserved", "heldNotDue",
-			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "claimRefit", "fairSwapTypeOnly", "fairSwap", "oneLogFairSwap", "ghost", "candidate", "endSlot",
+			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "claimRefit", "fairSwapTypeOnly", "fairSwapOtherTier", "fairSwap", "oneLogFairSwap", "ghost", "candidate", "endSlot",
 			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume", "fresh", "prioSwap", "prioAdmit", "fairSkipsPriority"} {
 			if total[c] == 0 {
 				t.Errorf("the fixed seeds never reach case %q: the model and the script are not compared there", c)

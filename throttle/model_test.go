@@ -128,7 +128,7 @@ type modelState struct {
 // modelLease is a lease record, without its creation instant (the server's clock).
 type modelLease struct {
 	cost     int
-	scopes   string // "t" and "y" in log order
+	scopes   string // "t" and "y" in log order, then "=" and the tenant log's quotas (tenantQuotas)
 	holder   string
 	tenant   string // escaped
 	priority int    // Request.Priority
@@ -195,6 +195,7 @@ type callLog struct {
 	dirty    bool
 	pRemoved bool
 	lazy     bool // an admission by the script's fast path for one quota: see finish
+	other    bool // another tenant's log, a displaced reservation's: see finish
 }
 
 // costOf is the cost an L member stands for.
@@ -422,10 +423,11 @@ func (cl *callLog) finish(now, claimTimeout int64) int64 {
 			old++
 		}
 	}
-	if !cl.lazy || old >= modelTrim {
+	// Another tenant's log (other) is not trimmed: its own windows may be longer.
+	if !cl.other && (!cl.lazy || old >= modelTrim) {
 		st.entries = slices.DeleteFunc(st.entries, func(e *modelEntry) bool { return e.score <= floor })
 	}
-	if st.flagC && len(st.entries.weighted()) == 0 {
+	if !cl.other && st.flagC && len(st.entries.weighted()) == 0 {
 		st.flagC = false
 	}
 	if cl.pRemoved && st.flagP && len(st.pending) == 0 {
@@ -446,7 +448,8 @@ type modelCall struct {
 	req                            throttle.Request
 	cost                           int
 	caller, now                    int64
-	token, holder, tenant, scopes  string
+	token, holder, tenant, scopes  string // scopes: as a lease records them (modelLease)
+	letters                        string // scopes' "t" and "y" alone
 	wait, claimWait, claimTimeout  int64
 	weight, priority               int
 	logs                           []*callLog
@@ -508,6 +511,16 @@ func (m *model) decide(req throttle.Request, now int64) (modelDecision, modelTTL
 		cl.wmax = max(cl.wmax, mq.w)
 		c.quotas = append(c.quotas, mq)
 		c.quotaLog = append(c.quotaLog, cl)
+	}
+	c.letters = c.scopes
+	var tq []string
+	for i, q := range c.quotas {
+		if c.quotaLog[i] != c.typeLog {
+			tq = append(tq, fmt.Sprintf("%d/%d", q.limit, q.w))
+		}
+	}
+	if len(tq) > 0 {
+		c.scopes += "=" + strings.Join(tq, ",")
 	}
 	// The script's fast path for one quota: a cost-1 event of priority 0 on a plain log (no
 	// weighted entry, nothing pending or ahead, no pause) admitted at now; with a token, a
@@ -856,8 +869,11 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 			continue
 		}
 		if c.roomFor(s, l.tenant) {
-			if l.scopes != c.scopes {
+			switch {
+			case l.scopes == "y" && c.letters != "y":
 				c.m.notes["fairSwapTypeOnly"]++
+			case l.scopes != c.scopes:
+				c.m.notes["fairSwapOtherTier"]++ // moved on its tenant log under its own quotas
 			}
 			c.displace(&modelVictim{pm: pend[i], s: s, tenant: l.tenant, scopes: l.scopes}, "")
 			return true
@@ -876,10 +892,36 @@ type modelVictim struct {
 }
 
 // movable: a pending reservation of scopes vs and (escaped) tenant vt can give its slot to
-// the event: it has the event's scopes, or it is another tenant's on the type log alone
-// and the event is on the type log too.
+// the event: it has the event's scopes; or it is another tenant's on the same logs,
+// reserved under tenant quotas of its own (its lease's); or it is another tenant's on the
+// type log alone and the event is on the type log too.
 func (c *modelCall) movable(vs, vt string) bool {
-	return vs == c.scopes || vs == "y" && c.typeLog != nil && vt != c.tenant
+	switch {
+	case vs == c.scopes:
+		return true
+	case vt == c.tenant || c.typeLog == nil:
+		return false
+	}
+	return vs == "y" || strings.HasPrefix(vs, c.letters+"=")
+}
+
+// tenantQuotas are the tenant log's quotas a lease's scopes record, and their longest
+// window.
+func tenantQuotas(scopes string) ([]*modelQuota, int64) {
+	var qs []*modelQuota
+	var wmax int64
+	_, list, _ := strings.Cut(scopes, "=")
+	for _, lw := range strings.Split(list, ",") {
+		l, w, ok := strings.Cut(lw, "/")
+		if !ok {
+			continue
+		}
+		limit, _ := strconv.Atoi(l)
+		win, _ := strconv.ParseInt(w, 10, 64)
+		qs = append(qs, &modelQuota{limit: limit, w: win})
+		wmax = max(wmax, win)
+	}
+	return qs, wmax
 }
 
 // roomFor: the event's logs that a reservation of tenant vt does not share (its tenant
@@ -922,12 +964,12 @@ func (c *modelCall) prioVictim(t int64) *modelVictim {
 
 // displace gives the slot of v to the event: its admission admit, if not "", else its
 // reservation; v moves to its own earliest instant after now. v's logs are the type log,
-// and with the event's scopes its tenant's under the event's quotas (the event's own, for
-// its tenant).
+// and on the event's logs its tenant's, under the tenant quotas its lease records (the
+// event's own, for its tenant); another tenant's log is not trimmed (finish).
 func (c *modelCall) displace(v *modelVictim, admit string) {
 	vtenant, _ := url.PathUnescape(v.tenant)
 	vlogs := []*callLog{c.typeLog}
-	if v.scopes == c.scopes {
+	if v.scopes != "y" || c.letters == "y" {
 		vlogs = make([]*callLog, len(c.logs))
 		for j, cl := range c.logs {
 			if cl == c.typeLog || v.tenant == c.tenant {
@@ -935,7 +977,8 @@ func (c *modelCall) displace(v *modelVictim, admit string) {
 				continue
 			}
 			id := modelLogOf(throttle.Key{TaskType: c.req.Key.TaskType, Tenant: vtenant}, throttle.ScopeTenant)
-			vlogs[j] = &callLog{m: c.m, id: id, st: c.m.state(id), q: cl.q, wmax: cl.wmax}
+			q, wmax := tenantQuotas(v.scopes)
+			vlogs[j] = &callLog{m: c.m, id: id, st: c.m.state(id), q: q, wmax: wmax, other: true}
 			c.extra = append(c.extra, vlogs[j])
 		}
 	}
@@ -993,7 +1036,8 @@ func (m *model) release(taskType, token string) bool {
 	}
 	held := false
 	tenant, _ := url.PathUnescape(l.tenant)
-	for _, sc := range l.scopes {
+	letters, _, _ := strings.Cut(l.scopes, "=")
+	for _, sc := range letters {
 		scope := throttle.ScopeTenant
 		if sc == 'y' {
 			scope = throttle.ScopeType
