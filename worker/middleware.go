@@ -66,8 +66,11 @@ type Config struct {
 	// now (other task types, tasks due now) and no burst of throttled tasks holds every slot
 	// hostage. A task that would wait when no waiting slot is free asks the limiter for now
 	// only: it runs if it can start at once, and otherwise is re-queued for its
-	// reservation (a denial, no retry spent), which it keeps. Defaults to 0: no bound, every
-	// worker slot may wait (before this field existed, the only behaviour).
+	// reservation (a denial, no retry spent), which it keeps. With Concurrency 1 the one
+	// worker may wait (no slot can be left over there, and with none a reserved task would
+	// never run: asynq re-queues in whole seconds, so it never comes back on its very
+	// millisecond). Defaults to 0: no bound, every worker slot may wait (before this field
+	// existed, the only behaviour).
 	Concurrency int
 	// NoReservations turns reservations off: a denied task is told to retry when the
 	// oldest entry it waits for leaves the window, the instant every task denied meanwhile
@@ -214,7 +217,7 @@ type middleware struct {
 	failOpen     bool
 	reserve      bool
 	maxWait      time.Duration // < 0: never wait in the handler
-	slots        waitSlots     // Concurrency - 1 handlers may wait; nil: any number
+	slots        waitSlots     // Concurrency - 1 handlers (at least 1) may wait; nil: any number
 	health       limiterHealth
 	lead         time.Duration
 	wait         time.Duration

@@ -178,3 +178,73 @@ func TestWaitSlots_notHostage(t *testing.T) {
 	t.Logf("report:build start latency <= %s; api:call %d admissions in the 15 s steady span (%.1f%% of the limit); at most %d waiting",
 		worst.Round(time.Millisecond), steady, float64(steady)*100/(limit*15), maxWaiting.Load())
 }
+
+// TestWaitSlots_concurrencyOne: an asynq server of Concurrency 1 (worker.Config.Concurrency
+// 1) with "tenant=2/2s" and 6 tasks of one tenant enqueued at once runs them all, 2 per
+// window: its one worker may wait for a slot ahead. With no waiting slot, each reserved
+// task came back late (asynq re-queues in whole seconds), was decided afresh behind the
+// reservations made after it, and 4 of the 6 never ran. Every task runs once, none is
+// archived or spends a retry, and no 2 s holds more than 2 admissions (Decision.At).
+func TestWaitSlots_concurrencyOne(t *testing.T) {
+	t.Parallel()
+	const tasks, limit = 6, 2
+	rdb := redistest.Start(t)
+	lim := newLimiter(t, rdb)
+	var mu sync.Mutex
+	var admittedAt []time.Time
+	mw, err := worker.New(lim, worker.Config{
+		Rules:       mustRules(t, fmt.Sprintf("api:call tenant=%d/2s", limit)),
+		Redis:       rdb,
+		Concurrency: 1,
+		Logger:      slog.New(slog.NewTextHandler(&syncBuffer{}, nil)),
+		DecisionFunc: func(_ context.Context, _ *asynq.Task, _ throttle.Key, d throttle.Decision) {
+			if d.Allowed {
+				mu.Lock()
+				admittedAt = append(admittedAt, d.At)
+				mu.Unlock()
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := map[string]int{}
+	runAsynq(t, rdb, mw, func(ctx context.Context, task *asynq.Task) error {
+		if n, _ := asynq.GetRetryCount(ctx); n != 0 {
+			t.Errorf("task %s ran with retry count %d, want 0 (a denial spends no retry)", task.Payload(), n)
+		}
+		mu.Lock()
+		ran[string(task.Payload())]++
+		mu.Unlock()
+		return nil
+	}, func(c *asynq.Config) { c.Concurrency = 1 })
+	client := asynq.NewClientFromRedisClient(rdb)
+	for i := range tasks {
+		if _, err := producer.Enqueue(context.Background(), client, "api:call", []byte(fmt.Sprint(i)), "acme"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 3 windows of 2 s: the last pair at 4 s; allow 15 s for asynq's whole-second re-queues.
+	waitUntil(t, 15*time.Second, "every task ran", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(ran) == tasks
+	})
+	time.Sleep(500 * time.Millisecond) // a second run, if any, would show by now
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range ran {
+		if n != 1 {
+			t.Errorf("task %s ran %d times, want 1", id, n)
+		}
+	}
+	if len(admittedAt) != tasks {
+		t.Errorf("%d admissions, want %d (one per task)", len(admittedAt), tasks)
+	}
+	if got := throttle.MaxInWindow(admittedAt, 2*time.Second); got != limit {
+		t.Errorf("the fullest 2s window holds %d admissions, want %d (the limit)", got, limit)
+	}
+	if info := queueInfo(asynq.NewInspectorFromRedisClient(rdb)); info.Archived != 0 || info.Retry != 0 || info.Scheduled != 0 {
+		t.Errorf("queue after the run: %d archived, %d retry, %d scheduled; want none", info.Archived, info.Retry, info.Scheduled)
+	}
+}

@@ -1,7 +1,7 @@
 package worker
 
 // waitSlots bounds the handlers that sit out a wait for a slot ahead in the middleware
-// (Config.Concurrency - 1 of them), so that at least one worker slot of the asynq server
+// (Config.Concurrency - 1 of them, one for a server of one worker), so that at least one worker slot of the asynq server
 // is always left to tasks that can run now: unruled tasks, and ruled ones due now. A nil
 // waitSlots (Concurrency 0) bounds nothing.
 //
@@ -15,12 +15,17 @@ package worker
 type waitSlots chan struct{}
 
 // newWaitSlots returns the waiting slots of an asynq server of concurrency workers: one
-// less than them (none for one worker), or nil, no bound, for concurrency <= 0.
+// less than them, or nil, no bound, for concurrency <= 0. One worker alone gets one
+// waiting slot: with none, a reservation could only be claimed by a task that came back
+// on its very millisecond, which asynq's re-queues (in whole seconds) never do, so the
+// reserved tasks would be decided afresh behind the next ones for ever and none would
+// run. There the slot left to other tasks cannot exist: they wait behind a throttled one
+// for at most MaxWait.
 func newWaitSlots(concurrency int) waitSlots {
 	if concurrency <= 0 {
 		return nil
 	}
-	return make(waitSlots, concurrency-1)
+	return make(waitSlots, max(concurrency-1, 1))
 }
 
 // take takes a waiting slot if one is free, without blocking, and reports whether it did

@@ -271,7 +271,7 @@ func concurrencyAdvice(rules Rules, concurrency int, maxWait time.Duration) []st
 		}
 		out = append(out, fmt.Sprintf("warning: rule %s admits one tenant at up to %.4g/s, and a task waits up to %s for its slot "+
 			"in its handler; WORKER_CONCURRENCY=%d lets %d wait: expect fewer runs than the limit and repeated denials, "+
-			"or set WORKER_CONCURRENCY to %d or more (README, the concurrency rule)", r, rate, maxWait, concurrency, max(concurrency-1, 0), need))
+			"or set WORKER_CONCURRENCY to %d or more (README, the concurrency rule)", r, rate, maxWait, concurrency, max(concurrency-1, 1), need))
 	}
 	return out
 }
