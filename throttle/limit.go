@@ -3,7 +3,6 @@ package throttle
 import (
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -47,8 +46,10 @@ func formatDuration(d time.Duration) string {
 	return s
 }
 
-// Validate returns an error unless Events >= 1 and Window is a whole number of
-// milliseconds of at least 1ms (the script counts in integer milliseconds).
+// Validate returns an error unless 1 <= Events < 2^42 and Window is a whole number of
+// milliseconds from 1ms to under 2^42 ms (about 139 years): the script counts in integer
+// milliseconds, and keeps instants and counts exact in a Lua double, its scores below
+// 2^53.
 func (l Limit) Validate() error {
 	if err := l.check(); err != nil {
 		return fmt.Errorf("throttle: limit %s: %w", l, err)
@@ -64,6 +65,10 @@ func (l Limit) check() error {
 		return fmt.Errorf("window must be at least 1ms, got %s", l.Window)
 	case l.Window%time.Millisecond != 0:
 		return fmt.Errorf("window %s is not a whole number of milliseconds", l.Window)
+	case l.Events >= maxMS:
+		return fmt.Errorf("events must be less than 2^42 (%d), got %d", maxMS, l.Events)
+	case l.Window.Milliseconds() >= maxMS:
+		return fmt.Errorf("window must be shorter than 2^42 ms (about 139 years), got %s", l.Window)
 	}
 	return nil
 }
@@ -78,7 +83,7 @@ func ParseLimit(s string) (Limit, error) {
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(events))
 	if errors.Is(err, strconv.ErrRange) {
-		return Limit{}, fmt.Errorf("throttle: limit %q: events %q is too large (at most %d)", s, events, math.MaxInt)
+		return Limit{}, fmt.Errorf("throttle: limit %q: events %q is too large (less than 2^42, %d)", s, events, maxMS)
 	}
 	if err != nil {
 		return Limit{}, fmt.Errorf("throttle: limit %q: events %q is not an integer", s, events)

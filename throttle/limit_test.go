@@ -96,6 +96,12 @@ func TestParseLimit(t *testing.T) {
 		{"5/-1s", "window must be at least 1ms"},
 		{"5/500us", "window must be at least 1ms"},
 		{"5/1500us", "not a whole number of milliseconds"},
+		// The script's bounds (2^42): a fresh-user trial's tenant=9007199254740992/1s was
+		// accepted here, and every task of the type was then archived by the limiter.
+		{"9007199254740992/1s", "events must be less than 2^42 (4398046511104), got 9007199254740992"},
+		{"4398046511104/1s", "events must be less than 2^42 (4398046511104), got 4398046511104"},
+		{"99999999999999999999/1s", `events "99999999999999999999" is too large (less than 2^42, 4398046511104)`},
+		{"5/1300000h", "window must be shorter than 2^42 ms (about 139 years), got 1300000h0m0s"},
 	}
 	for _, tc := range bad {
 		got, err := throttle.ParseLimit(tc.in)

@@ -645,9 +645,6 @@ func validate(req Request) (int, error) {
 		if err := q.Validate(); err != nil {
 			return 0, invalid("%v", err)
 		}
-		if q.Limit.Window.Milliseconds() >= maxMS || q.Limit.Events >= maxMS {
-			return 0, invalid("quota %s is too large", q)
-		}
 		if cost > q.Limit.Events {
 			return 0, fmt.Errorf("%w: %w", invalid("cost %d exceeds quota %s", cost, q), ErrCostOverLimit)
 		}
