@@ -207,7 +207,7 @@ func NewMetricsWithConfig(reg prometheus.Registerer, cfg MetricsConfig) (*Metric
 	}, []string{"task_type", "outcome"})
 	m.ScriptDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "asynq_throttle_script_duration_seconds",
-		Help:    "Time of each limiter call (allow, cancel) as the worker sees it, round trip included.",
+		Help:    "Time of each limiter call (allow, cancel, pause) as the worker sees it, round trip included; shadow rules' calls too.",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 	}, []string{"task_type", "call"})
 	m.TasksWaiting = prometheus.NewGaugeVec(prometheus.GaugeOpts{

@@ -116,7 +116,9 @@ func (m *middleware) shadowAllow(ctx context.Context, req throttle.Request) (thr
 		return throttle.Decision{}, errProbing
 	}
 	defer func() { m.health.leave(probe) }()
+	start := time.Now()
 	d, err := m.lim.Allow(ctx, req)
+	m.metrics.called(req.Key.TaskType, CallAllow, start, err) // as an enforced rule's call: a shadow rollout's alerts see it
 	switch {
 	case errors.Is(err, throttle.ErrInvalid):
 	case err == nil:

@@ -118,7 +118,8 @@ func TestShadowRule_unavailable(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartServer(t)
 	rdb := srv.Client()
-	metrics, err := worker.NewMetrics(prometheus.NewRegistry())
+	reg := prometheus.NewRegistry()
+	metrics, err := worker.NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,5 +145,16 @@ func TestShadowRule_unavailable(t *testing.T) {
 	}
 	if n := countMsg(t, &logs, "throttle: limiter unavailable; running tasks of a shadow rule undecided (logged at most once a minute)"); n != 1 {
 		t.Errorf("%d log lines of the outage, want 1", n)
+	}
+	// Both tasks' calls failed (one at a time: the second is the outage's probe). A shadow
+	// rule's calls are in the call metrics as an enforced one's:
+	// a trial saw redis_errors_total 0 and no script_duration series for a shadow rollout
+	// whose Redis was down.
+	labels := map[string]string{"task_type": "u:call", "call": worker.CallAllow}
+	if got := counter(t, reg, "asynq_throttle_redis_errors_total", labels); got != 2 {
+		t.Errorf("redis_errors_total{call=allow} = %v, want 2", got)
+	}
+	if got := histogram(t, reg, "asynq_throttle_script_duration_seconds", labels).GetSampleCount(); got != 2 {
+		t.Errorf("script_duration_seconds{call=allow} has %d samples, want 2", got)
 	}
 }
