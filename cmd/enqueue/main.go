@@ -115,7 +115,7 @@ func runAt(ctx context.Context, args []string, stdout, stderr io.Writer, now fun
 	pingCtx, cancel := context.WithTimeout(ctx, redisPingTimeout)
 	err = renv.Ping(pingCtx, rdb)
 	cancel()
-	if errors.Is(err, redisenv.ErrNoSuchDB) || errors.Is(err, redisenv.ErrNotCluster) {
+	if redisenv.IsBadValue(err) {
 		fmt.Fprintf(stderr, "enqueue: %v\n", err)
 		return exitUsage
 	}

@@ -239,7 +239,7 @@ func (e *env) redis() (redis.UniversalClient, error) {
 	defer cancel()
 	if err := e.vars.Redis.Ping(ctx, rdb); err != nil { // for Sentinel it says what is wrong
 		_ = rdb.Close()
-		if errors.Is(err, redisenv.ErrNoSuchDB) || errors.Is(err, redisenv.ErrNotCluster) {
+		if redisenv.IsBadValue(err) {
 			return nil, err // a bad value: Redis answered
 		}
 		return nil, fmt.Errorf("Redis at REDIS_ADDR=%q does not answer: %w", e.vars.Redis.Addr, err)

@@ -101,7 +101,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	pingCtx, cancel := context.WithTimeout(ctx, redisPingTimeout)
 	err = cfg.Redis.Ping(pingCtx, rdb) // for Sentinel it says what is wrong: the addresses, the name, the master
 	cancel()
-	if errors.Is(err, redisenv.ErrNoSuchDB) || errors.Is(err, redisenv.ErrNotCluster) { // REDIS_DB=99, a bad REDIS_ADDR: a bad value, not an outage
+	if redisenv.IsBadValue(err) { // REDIS_DB=99, a bad REDIS_ADDR: a bad value, not an outage
 		fmt.Fprintln(stderr, err)
 		return exitConfig
 	}

@@ -117,8 +117,21 @@ var ErrNoSuchDB = errors.New("redisenv: REDIS_DB names a database the Redis serv
 // in cluster mode: a bad value, not an outage.
 var ErrNotCluster = errors.New("redisenv: REDIS_ADDR lists several addresses of a Redis that is not a cluster")
 
+// ErrClusterNode matches, under errors.Is, the error of Config.Ping when REDIS_ADDR gives
+// one address, of a Redis Cluster node: a single-node client would send every key there,
+// and each key of a slot another node serves would fail with MOVED.
+var ErrClusterNode = errors.New("redisenv: REDIS_ADDR gives one node of a Redis Cluster")
+
+// IsBadValue reports whether err, from Config.Ping, is a bad REDIS_* value that Redis's
+// answer showed (ErrNoSuchDB, ErrNotCluster, ErrClusterNode), not an outage: a command
+// reports it as a bad variable.
+func IsBadValue(err error) bool {
+	return errors.Is(err, ErrNoSuchDB) || errors.Is(err, ErrNotCluster) || errors.Is(err, ErrClusterNode)
+}
+
 // pingError is Ping's error for a bad REDIS_* value that Redis's reply shows: kind
-// (ErrNoSuchDB, ErrNotCluster) under errors.Is, and Redis's own error under errors.As.
+// (ErrNoSuchDB, ErrNotCluster, ErrClusterNode) under errors.Is, and Redis's own error
+// under errors.As.
 type pingError struct {
 	msg  string
 	err  error // Redis's
@@ -233,6 +246,15 @@ func (c Config) Ping(ctx context.Context, rdb redis.UniversalClient) error {
 		return &pingError{kind: ErrNotCluster, err: err, msg: fmt.Sprintf("redisenv: REDIS_ADDR=%q lists %d addresses, "+
 			"which means Redis Cluster nodes (or Sentinels, with REDIS_MASTER_NAME), but the Redis there is not in cluster mode (%v): "+
 			"give one address for a single Redis", c.Addr, len(c.Addrs()), err)}
+	}
+	if err == nil && c.MasterName == "" && len(c.Addrs()) == 1 {
+		// One address is one server; a cluster node there answers PING alike. INFO cluster
+		// tells (a server that refuses INFO is taken at its word).
+		if info, ierr := rdb.Info(ctx, "cluster").Result(); ierr == nil && strings.Contains(info, "cluster_enabled:1") {
+			return &pingError{kind: ErrClusterNode, msg: fmt.Sprintf("redisenv: REDIS_ADDR=%q is one node of a Redis Cluster "+
+				"(INFO cluster: cluster_enabled:1): list its primaries, comma separated, so that the client follows the "+
+				"cluster's slots; one address is taken as a single Redis, and every key another node serves would fail with MOVED", c.Addr)}
+		}
 	}
 	if err == nil || c.MasterName == "" {
 		return err

@@ -324,3 +324,29 @@ func TestConfig_Ping(t *testing.T) {
 		t.Errorf("a list of standalone servers: %v\nwant %s (ErrNotCluster, not ErrNoSuchDB)", err, want)
 	}
 }
+
+// TestConfig_Ping_clusterNode: one address of a Redis Cluster node is refused as a bad
+// value (ErrClusterNode), naming what to give instead: a single-node client would send
+// every key there and get MOVED for the keys of other nodes' slots (a trial's cmd/worker
+// started so and logged MOVED errors). All the primaries, comma separated, are accepted.
+func TestConfig_Ping_clusterNode(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.StartCluster(t, 3)
+	ctx := context.Background()
+	ping := func(c redisenv.Config) error {
+		rdb := c.NewClient()
+		defer rdb.Close()
+		return c.Ping(ctx, rdb)
+	}
+	one := cluster.Addrs[1]
+	err := ping(redisenv.Config{Addr: one})
+	want := `redisenv: REDIS_ADDR="` + one + `" is one node of a Redis Cluster (INFO cluster: cluster_enabled:1): list its primaries, ` +
+		`comma separated, so that the client follows the cluster's slots; one address is taken as a single Redis, and every key ` +
+		`another node serves would fail with MOVED`
+	if err == nil || err.Error() != want || !errors.Is(err, redisenv.ErrClusterNode) || !redisenv.IsBadValue(err) {
+		t.Errorf("one cluster node: %v\nwant %s (ErrClusterNode, a bad value)", err, want)
+	}
+	if err := ping(redisenv.Config{Addr: strings.Join(cluster.Addrs, ",")}); err != nil {
+		t.Errorf("the primaries: %v, want nil", err)
+	}
+}
