@@ -59,19 +59,13 @@ func TestWaitSlots_notHostage(t *testing.T) {
 		t.Fatal(err)
 	}
 	mw, err := worker.New(lim, worker.Config{
-		Rules:       mustRules(t, fmt.Sprintf("api:call tenant=%d/1s", limit)),
-		Redis:       rdb,
-		Concurrency: concurrency,
-		WakeLead:    1350 * time.Millisecond,
-		Metrics:     metrics,
-		Logger:      slog.New(slog.NewTextHandler(&syncBuffer{}, nil)),
-		DecisionFunc: func(_ context.Context, _ *asynq.Task, _ throttle.Key, d throttle.Decision) {
-			if d.Allowed {
-				mu.Lock()
-				admittedAt = append(admittedAt, d.At)
-				mu.Unlock()
-			}
-		},
+		Rules:        mustRules(t, fmt.Sprintf("api:call tenant=%d/1s", limit)),
+		Redis:        rdb,
+		Concurrency:  concurrency,
+		WakeLead:     1350 * time.Millisecond,
+		Metrics:      metrics,
+		Logger:       slog.New(slog.NewTextHandler(&syncBuffer{}, nil)),
+		DecisionFunc: recordAdmissions(&mu, &admittedAt),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -193,17 +187,11 @@ func TestWaitSlots_concurrencyOne(t *testing.T) {
 	var mu sync.Mutex
 	var admittedAt []time.Time
 	mw, err := worker.New(lim, worker.Config{
-		Rules:       mustRules(t, fmt.Sprintf("api:call tenant=%d/2s", limit)),
-		Redis:       rdb,
-		Concurrency: 1,
-		Logger:      slog.New(slog.NewTextHandler(&syncBuffer{}, nil)),
-		DecisionFunc: func(_ context.Context, _ *asynq.Task, _ throttle.Key, d throttle.Decision) {
-			if d.Allowed {
-				mu.Lock()
-				admittedAt = append(admittedAt, d.At)
-				mu.Unlock()
-			}
-		},
+		Rules:        mustRules(t, fmt.Sprintf("api:call tenant=%d/2s", limit)),
+		Redis:        rdb,
+		Concurrency:  1,
+		Logger:       slog.New(slog.NewTextHandler(&syncBuffer{}, nil)),
+		DecisionFunc: recordAdmissions(&mu, &admittedAt),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -246,5 +234,17 @@ func TestWaitSlots_concurrencyOne(t *testing.T) {
 	}
 	if info := queueInfo(asynq.NewInspectorFromRedisClient(rdb)); info.Archived != 0 || info.Retry != 0 || info.Scheduled != 0 {
 		t.Errorf("queue after the run: %d archived, %d retry, %d scheduled; want none", info.Archived, info.Retry, info.Scheduled)
+	}
+}
+
+// recordAdmissions returns a worker.Config.DecisionFunc that appends the Decision.At of
+// every admission to *at, holding mu.
+func recordAdmissions(mu *sync.Mutex, at *[]time.Time) func(context.Context, *asynq.Task, throttle.Key, throttle.Decision) {
+	return func(_ context.Context, _ *asynq.Task, _ throttle.Key, d throttle.Decision) {
+		if d.Allowed {
+			mu.Lock()
+			*at = append(*at, d.At)
+			mu.Unlock()
+		}
 	}
 }
