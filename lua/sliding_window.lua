@@ -59,7 +59,8 @@
 -- tag) + round(cost * 10^6 / weight). An event of cost 1 that must reserve takes the slot
 -- at its fair rank r (the number of tags <= its own) among the type log's pending
 -- reservations: from the first pending at the r-th one's instant, the first of K_FAIR that
--- is another tenant's cost-1 reservation (same scopes, or the type log's alone: movable),
+-- is another tenant's cost-1 reservation on the type log (moved on its own tenant log too,
+-- under the quotas its lease records: movable),
 -- after now and before its own earliest instant, where its other quotas have room. The
 -- reservation it displaces moves to its own earliest instant, keeping its tag. Waiting tenants so share the type's slots in proportion to
 -- their weights, and a share left unused goes to the others. A fair rank never displaces a
@@ -69,7 +70,7 @@
 -- that must reserve first looks for the earliest slot after now, and before its own
 -- earliest instant, held by a pending reservation of lower priority: among the first
 -- K_PRIO pending after now on the type log (else its tenant log), the first of cost 1
--- with the same scopes (or the type log's alone) where its other quotas have room. It is admitted for that slot if
+-- that is movable, where its other quotas have room. It is admitted for that slot if
 -- within its wait, else reserves it; the reservation it displaces moves to its own
 -- earliest instant, keeping its tag. Only the general path does this: a priority's
 -- "p<p>:" before ARGV[5] fails the fast and one-log paths' cost-1 test.
@@ -534,8 +535,10 @@ repeat
   -- of K_FAIR pending that is another tenant's, of cost 1 on this log alone (scopes "y")
   -- and priority 0, after now and before t. This event takes its slot (vs), and it moves
   -- to t, its own earliest instant too (the log's instants stay the same), keeping its
-  -- lease and tag: one ZADD to P and the entries' ZADD move both.
-  local victim, vs = nil, nil
+  -- lease and tag: one ZADD to P and the entries' ZADD move both. Met first, another
+  -- tenant's on its own tenant log too (a tier's, its quotas in its lease) is general's to
+  -- move: handed over, nothing written.
+  local victim, vs, handover = nil, nil, false
   if fair_rank and t > now then
     local at_rank = redis.call('ZRANGE', pkey, fair_rank, fair_rank, 'WITHSCORES')[2]
     -- The page in two reads, its first entry and then the rest: the first is most often
@@ -559,14 +562,22 @@ repeat
         if recs[i] and s > now and string.sub(page[2 * i - 1], 1, 2) == '1:' then
           -- "<cost>:<scopes>:<created>:<n>:<holder><tenant>"; "p<priority>:..." does not match
           local vcost, vscopes, vn, vrest = string.match(recs[i], '^(%d+):([^:]+):%d+:(%d+):(.*)$')
-          if vcost == '1' and vscopes == 'y' and string.sub(vrest, tonumber(vn) + 1) ~= tenant then
-            victim, vs, done = page[2 * i - 1], s, true
-            break
+          if vcost == '1' and string.sub(vrest, tonumber(vn) + 1) ~= tenant then
+            if vscopes == 'y' then
+              victim, vs, done = page[2 * i - 1], s, true
+              break
+            elseif string.find(vscopes, '=', 1, true) and string.find(string.match(vscopes, '^%a+'), 'y', 1, true) then
+              handover, done = true, true
+              break
+            end
           end
         end
       end
       from = n
     end
+  end
+  if handover then
+    break -- a tiered reservation to move: general's
   end
   -- The write: this event at now, or its reservation at t (vs); then what general's finish does.
   local ts = t == now and nows or string.format('%d', t)
@@ -1484,15 +1495,12 @@ end
 
 -- movable reports whether a pending reservation of scopes vs (cost 1) of tenant vt can
 -- give its slot to this event: it has this event's scopes; or it is another tenant's on
--- the same logs (the type log and that tenant's), reserved under tenant quotas its lease
--- records, maybe another tier's; or it is another tenant's on the type log alone ("y")
--- and this event is on the type log too (then the type log is the only one it moves on,
--- and room_for checks this event's tenant logs, as for any other tenant's). So a tenant
--- whose tier adds a tenant= quota still takes its weighted share of the type's slots from
--- tenants with the rule's type= quota alone. The other way round, a type-only event
--- cannot move a reservation that is on a tenant log as well (the one-log path, which
--- decides such an event, moves type-only ones alone). A lease written before its scopes
--- recorded quotas ("yt" alone) is another tenant's only to an event of those scopes.
+-- the type log, this event being on it too, and on its own tenant log or not: it moves on
+-- the type log and on its tenant log under the tenant quotas its lease records (maybe
+-- another tier's), and room_for checks this event's tenant logs, as for any other
+-- tenant's. So tenants of every tier share the type's slots by their weights, whether a
+-- tier adds tenant= quotas or not. A lease written before its scopes recorded quotas
+-- ("yt" alone) is another tenant's only to an event of those scopes.
 local function movable(vs, vt)
   if vs == scopes then
     return true
@@ -1500,29 +1508,30 @@ local function movable(vs, vt)
   if vt == tenant or tlog == nil then
     return false
   end
-  return vs == 'y' or string.sub(vs, 1, #letters + 1) == letters .. '='
+  return vs == 'y' or string.find(vs, '=', 1, true) ~= nil and string.find(string.match(vs, '^%a+'), 'y', 1, true) ~= nil
 end
 
 -- displace gives the slot at sv of the pending reservation v (cost 1, of scopes vscopes,
 -- movable) of tenant vt to this event: its admission am if admit, else its reservation; v
 -- moves to its own earliest instant after now, keeping its lease and tag. Its logs are the
--- type log, and on this event's logs its tenant's, under the tenant quotas its lease
--- records (this event's own, for its tenant).
+-- type log and, if its scopes have one, its tenant's, under the tenant quotas its lease
+-- records; this event's own logs, for its tenant.
 local function displace(v, sv, vt, admit, vscopes)
   local vlogs = {}
-  if vscopes == 'y' and letters ~= 'y' then
-    vlogs[1] = tlog
+  if vt == tenant then
+    vlogs = logs
   else
-    for j = 1, m do
-      if j == type_log or vt == tenant then
-        vlogs[j] = logs[j]
+    local vletters = string.match(vscopes, '^%a+')
+    for i = 1, #vletters do -- at most 2 logs
+      if string.sub(vletters, i, i) == 'y' then
+        vlogs[i] = tlog
       else
         local part = 'tenant:' .. vt
         local vl = new_log(base .. part, base .. 'pending:' .. part, base .. 'costs:' .. part)
         vl.q, vl.wmax = tenant_quotas(vscopes)
         vl.add, vl.other = {}, true
         load(vl)
-        vlogs[j] = vl
+        vlogs[i] = vl
       end
     end
   end

@@ -19,10 +19,11 @@ import (
 
 // fairBacklog makes tenant A's 1,000 tasks at t=0 (10 admitted, 990 reserved 10 per
 // second over the next 99 seconds: alone, A uses every slot) and tenant B's 10 at t=500,
-// with weights wA and wB, under type=10/1s; B's requests carry bTier's quotas before it
-// (a tier's tenant= quota). It returns, per reserved instant (ms), how many of the
-// pending reservations each tenant holds there, and the limiter and client.
-func fairBacklog(t *testing.T, wA, wB int, bTier ...throttle.Quota) (map[int64]map[string]int, *throttle.Limiter, *redis.Client) {
+// with weights wA and wB, under type=10/1s; A's and B's requests carry aTier's and
+// bTier's quotas before it (a tier's tenant= quota). It returns, per reserved instant
+// (ms), how many of the pending reservations each tenant holds there, and the limiter and
+// client.
+func fairBacklog(t *testing.T, wA, wB int, aTier, bTier []throttle.Quota) (map[int64]map[string]int, *throttle.Limiter, *redis.Client) {
 	t.Helper()
 	rdb := redistest.Start(t)
 	l, err := throttle.New(rdb, throttle.Config{})
@@ -31,10 +32,11 @@ func fairBacklog(t *testing.T, wA, wB int, bTier ...throttle.Quota) (map[int64]m
 	}
 	quota := []throttle.Quota{typeQuota(10, time.Second)}
 	req := func(tenant string, i, w int) throttle.Request {
-		quotas := quota
+		tier := aTier
 		if tenant == "B" {
-			quotas = append(slices.Clone(bTier), quota...)
+			tier = bTier
 		}
+		quotas := append(slices.Clone(tier), quota...)
 		return throttle.Request{Key: throttle.Key{TaskType: "api:call", Tenant: tenant}, Quotas: quotas,
 			Reservation: fmt.Sprintf("%s-%d", tenant, i), Weight: w}
 	}
@@ -85,7 +87,7 @@ func fairBacklog(t *testing.T, wA, wB int, bTier ...throttle.Quota) (map[int64]m
 // reservations displaced go to the end, at t=100000. B's tasks come back and run.
 func TestLimiter_AllowAt_fairTypeQuota(t *testing.T) {
 	t.Parallel()
-	slots, l, _ := fairBacklog(t, 1, 1)
+	slots, l, _ := fairBacklog(t, 1, 1, nil, nil)
 	for _, c := range []struct {
 		at   int64
 		a, b int
@@ -110,23 +112,31 @@ func TestLimiter_AllowAt_fairTypeQuota(t *testing.T) {
 // 10 slots at t=1000 and 2 at t=2000. The same when B is in a tier that adds a tenant=
 // quota (tenant=50/1s, which never binds here), as the README's tiers example does: B's
 // reservations are then on its tenant log and the type log, A's on the type log alone,
-// and B still takes A's slots (a type-only reservation is movable).
+// and B still takes A's slots (a type-only reservation is movable). And the same the other
+// way round, with A in a tier (tenant=2000/1s) and B on the rule's type= quota alone: B's
+// type-only event moves A's reservations on A's tenant log too, under the tenant quota
+// A's leases record (before, B's reservations went behind A's whole backlog: 0 of the
+// 10 slots at t=1000).
 func TestLimiter_AllowAt_fairTypeQuotaWeighted(t *testing.T) {
 	t.Parallel()
 	t.Run("same quotas", func(t *testing.T) {
 		t.Parallel()
-		fairWeighted(t)
+		fairWeighted(t, nil, nil)
 	})
 	t.Run("B in a tier", func(t *testing.T) {
 		t.Parallel()
-		fairWeighted(t, tenantQuota(50, time.Second))
+		fairWeighted(t, nil, []throttle.Quota{tenantQuota(50, time.Second)})
+	})
+	t.Run("A in a tier", func(t *testing.T) {
+		t.Parallel()
+		fairWeighted(t, []throttle.Quota{tenantQuota(2000, time.Second)}, nil)
 	})
 }
 
-// fairWeighted checks TestLimiter_AllowAt_fairTypeQuotaWeighted's slots and tags, with B's
-// requests carrying bTier before the type quota.
-func fairWeighted(t *testing.T, bTier ...throttle.Quota) {
-	slots, _, rdb := fairBacklog(t, 1, 3, bTier...)
+// fairWeighted checks TestLimiter_AllowAt_fairTypeQuotaWeighted's slots and tags, with A's
+// and B's requests carrying aTier and bTier before the type quota.
+func fairWeighted(t *testing.T, aTier, bTier []throttle.Quota) {
+	slots, _, rdb := fairBacklog(t, 1, 3, aTier, bTier)
 	for _, c := range []struct {
 		at   int64
 		a, b int

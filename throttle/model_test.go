@@ -872,6 +872,8 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 			switch {
 			case l.scopes == "y" && c.letters != "y":
 				c.m.notes["fairSwapTypeOnly"]++
+			case c.letters == "y" && l.scopes != "y":
+				c.m.notes["fairSwapTiered"]++ // a type-only event moves a tiered reservation
 			case l.scopes != c.scopes:
 				c.m.notes["fairSwapOtherTier"]++ // moved on its tenant log under its own quotas
 			}
@@ -892,9 +894,9 @@ type modelVictim struct {
 }
 
 // movable: a pending reservation of scopes vs and (escaped) tenant vt can give its slot to
-// the event: it has the event's scopes; or it is another tenant's on the same logs,
-// reserved under tenant quotas of its own (its lease's); or it is another tenant's on the
-// type log alone and the event is on the type log too.
+// the event: it has the event's scopes; or it is another tenant's on the type log, the
+// event being on it too, alone or with its own tenant log (then under the tenant quotas
+// its lease records).
 func (c *modelCall) movable(vs, vt string) bool {
 	switch {
 	case vs == c.scopes:
@@ -902,7 +904,8 @@ func (c *modelCall) movable(vs, vt string) bool {
 	case vt == c.tenant || c.typeLog == nil:
 		return false
 	}
-	return vs == "y" || strings.HasPrefix(vs, c.letters+"=")
+	letters, _, recorded := strings.Cut(vs, "=")
+	return vs == "y" || recorded && strings.Contains(letters, "y")
 }
 
 // tenantQuotas are the tenant log's quotas a lease's scopes record, and their longest
@@ -968,18 +971,20 @@ func (c *modelCall) prioVictim(t int64) *modelVictim {
 // event's own, for its tenant); another tenant's log is not trimmed (finish).
 func (c *modelCall) displace(v *modelVictim, admit string) {
 	vtenant, _ := url.PathUnescape(v.tenant)
-	vlogs := []*callLog{c.typeLog}
-	if v.scopes != "y" || c.letters == "y" {
-		vlogs = make([]*callLog, len(c.logs))
-		for j, cl := range c.logs {
-			if cl == c.typeLog || v.tenant == c.tenant {
-				vlogs[j] = cl
+	vlogs := c.logs
+	if v.tenant != c.tenant {
+		vlogs = nil
+		letters, _, _ := strings.Cut(v.scopes, "=")
+		for _, sc := range letters {
+			if sc == 'y' {
+				vlogs = append(vlogs, c.typeLog)
 				continue
 			}
 			id := modelLogOf(throttle.Key{TaskType: c.req.Key.TaskType, Tenant: vtenant}, throttle.ScopeTenant)
 			q, wmax := tenantQuotas(v.scopes)
-			vlogs[j] = &callLog{m: c.m, id: id, st: c.m.state(id), q: q, wmax: wmax, other: true}
-			c.extra = append(c.extra, vlogs[j])
+			vl := &callLog{m: c.m, id: id, st: c.m.state(id), q: q, wmax: wmax, other: true}
+			vlogs = append(vlogs, vl)
+			c.extra = append(c.extra, vl)
 		}
 	}
 	for _, vl := range vlogs {

@@ -280,7 +280,6 @@ func showEffective(e *env, key string, o *worker.Overrides, defaults []worker.Ru
 		j.Tenant = &tenant.v
 		j.Tier = o.TenantTiers[tenant.v]
 	}
-	var typeOnly []string // task types where the weight cannot take slots from tiered tenants
 	for _, tt := range types {
 		var eff worker.Effective
 		var ok bool
@@ -299,9 +298,6 @@ func showEffective(e *env, key string, o *worker.Overrides, defaults []worker.Ru
 			l.Weight, l.WeightFrom = 1, "default"
 		}
 		j.Limits = append(j.Limits, l)
-		if l.Weight > 1 && weightTypeOnly(eff.Rule) {
-			typeOnly = append(typeOnly, display(tt))
-		}
 	}
 	if e.json {
 		return e.printJSON(j)
@@ -331,23 +327,7 @@ func showEffective(e *env, key string, o *worker.Overrides, defaults []worker.Ru
 		fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s\n", display(l.TaskType), l.Rule, l.Weight, l.RuleFrom, l.QuotasFrom, l.WeightFrom)
 	}
 	_ = tw.Flush()
-	if len(typeOnly) > 0 {
-		fmt.Fprintf(e.stdout, "note: on %s the weight has type= quotas but no tenant= quota: it does not take slots from tenants whose tier adds tenant= quotas (they share equally; README.md, Tiers and overrides)\n",
-			strings.Join(typeOnly, ", "))
-	}
 	return exitOK
-}
-
-// weightTypeOnly reports whether r has a type= quota and no tenant= quota: a weight under
-// it shares the type's slots only with tenants whose reservations are on the type log
-// alone (the script's movable, lua/sliding_window.lua).
-func weightTypeOnly(r worker.Rule) bool {
-	typ, tenant := false, false
-	for _, q := range r.Quotas {
-		typ = typ || q.Scope == throttle.ScopeType
-		tenant = tenant || q.Scope == throttle.ScopeTenant
-	}
-	return typ && !tenant
 }
 
 // printJSON writes v as one JSON object on stdout.

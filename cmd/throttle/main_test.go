@@ -103,10 +103,11 @@ func TestRun_redisDownExits1(t *testing.T) {
 
 // TestLimits_setShowDelete drives every action against a redis-server and checks the exact
 // output, human and JSON, and the exit status of each rejection.
-// TestLimits_showWeightTypeOnly: a weight under a rule of type= quotas alone gets a note
-// (it does not take slots from tenants whose tier adds tenant= quotas); under a rule with
-// a tenant= quota, or at weight 1, none.
-func TestLimits_showWeightTypeOnly(t *testing.T) {
+// TestLimits_showWeight: a tenant's weight shows on every task type, under a rule of
+// type= quotas alone as under one with a tenant= quota. (A note used to say that under a
+// type=-only rule it took no slots from tenants whose tier adds tenant= quotas; the script
+// now moves those too, under the quotas their leases record.)
+func TestLimits_showWeight(t *testing.T) {
 	srv := redistest.StartServer(t)
 	setEnv(t, "REDIS_ADDR", srv.Addr, "THROTTLE_RULES", "w2:call type=8/1s; w3:call tenant=5/1s type=8/1s")
 	if code, _, errOut := cli(t, "limits", "set", "tenant", "heavy", "weight=3"); code != exitOK {
@@ -116,7 +117,6 @@ func TestLimits_showWeightTypeOnly(t *testing.T) {
   TASK TYPE  RULE                           WEIGHT  RULE FROM     TENANT QUOTAS FROM  WEIGHT FROM
   w2:call    w2:call type=8/1s              3       default rule  default rule        tenant override
   w3:call    w3:call tenant=5/1s type=8/1s  3       default rule  default rule        tenant override
-note: on w2:call the weight has type= quotas but no tenant= quota: it does not take slots from tenants whose tier adds tenant= quotas (they share equally; README.md, Tiers and overrides)
 `, "")
 	wantRun(t, []string{"limits", "show", "-tenant", "light"}, exitOK, `what tenant "light" gets, overrides version 1:
   TASK TYPE  RULE                           WEIGHT  RULE FROM     TENANT QUOTAS FROM  WEIGHT FROM
