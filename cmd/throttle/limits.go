@@ -103,7 +103,7 @@ func (o *optString) Set(s string) error { o.v, o.set = s, true; return nil }
 func (e *env) store() (*worker.OverrideStore, int) {
 	rdb, err := e.redis()
 	if err != nil {
-		return nil, e.fail(exitRedis, "%v", err)
+		return nil, e.fail(redisExit(err), "%v", err)
 	}
 	s, err := worker.NewOverrideStore(rdb, e.vars.Prefix)
 	if err != nil {

@@ -228,6 +228,16 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// redisExit is the exit status for e.redis's error: exitUsage for a bad REDIS_* value
+// that Redis's answer showed (redisenv.IsBadValue: no such database, a list of
+// standalone servers, one node of a cluster), else exitRedis.
+func redisExit(err error) int {
+	if redisenv.IsBadValue(err) {
+		return exitUsage
+	}
+	return exitRedis
+}
+
 // redis returns the client of the environment's Redis, checking once that it answers.
 // The error names REDIS_ADDR.
 func (e *env) redis() (redis.UniversalClient, error) {

@@ -87,6 +87,15 @@ func TestRun_usageAndEnvironment(t *testing.T) {
 	setEnv(t, "THROTTLE_RULES", "x tenant=1", "REDIS_ADDR", srv.Addr)
 	wantRun(t, []string{"limits", "show", "-tenant", "acme"}, exitUsage, "",
 		`throttle: THROTTLE_RULES="x tenant=1": worker: rule 1 "x tenant=1": quota "tenant=1": throttle: limit "1": want events/window, e.g. 5/2s`+"\n")
+	// A bad value Redis's answer shows (redisenv.IsBadValue) is a bad variable too, not an
+	// outage: a trial saw exit 1 for one node of a cluster, which cmd/worker refuses with 2.
+	setEnv(t, "THROTTLE_RULES", "", "REDIS_ADDR", srv.Addr, "REDIS_DB", "99")
+	for _, args := range [][]string{{"limits", "show"}, {"inspect", "-type", "x"}} {
+		code, _, errOut := cli(t, args...)
+		if want := `throttle: redisenv: REDIS_DB="99": the Redis at REDIS_ADDR="` + srv.Addr + `" has no database 99`; code != exitUsage || !strings.HasPrefix(errOut, want) {
+			t.Errorf("throttle %q with REDIS_DB=99: exit %d, stderr %q; want %d and %q...", args, code, errOut, exitUsage, want)
+		}
+	}
 }
 
 func TestRun_redisDownExits1(t *testing.T) {

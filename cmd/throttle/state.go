@@ -45,7 +45,7 @@ func ms(t time.Time) time.Time { return time.UnixMilli(t.UnixMilli()).UTC() }
 func (e *env) limiter() (*throttle.Limiter, int) {
 	rdb, err := e.redis()
 	if err != nil {
-		return nil, e.fail(exitRedis, "%v", err)
+		return nil, e.fail(redisExit(err), "%v", err)
 	}
 	lim, err := throttle.New(rdb, throttle.Config{Prefix: e.vars.Prefix})
 	if err != nil {
