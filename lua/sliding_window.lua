@@ -1019,6 +1019,11 @@ local function drop(log, e, s, c)
   log.dirty = true
 end
 
+-- pexpire sets key's TTL to ms (finish's, for a log of this call; grow's for another's).
+local function pexpire(key, ms)
+  redis.call('PEXPIRE', key, ms)
+end
+
 -- finish completes the writes to a log decided at now: the queued entries, the trim of
 -- what is at or before now - its longest window (also in C: removing C's front keeps every
 -- later <cum> difference right), its sentinels, and TTLs that outlast every entry by the
@@ -1067,7 +1072,7 @@ local function finish(log, now, claim_timeout)
     redis.call('ZREMRANGEBYSCORE', log.L, FLOOR, floor)
   end
   local ttl = math.max(log.hiw, now) - now + log.wmax + SLACK
-  local expire = log.other and grow or function(k, ms) redis.call('PEXPIRE', k, ms) end
+  local expire = log.other and grow or pexpire
   if has_p(log) then
     ttl = ttl + claim_timeout
     expire(log.P, ttl, true)
