@@ -31,8 +31,9 @@
 -- (room: yes). Only in between does it read those entries, at most K_SCAN, else "no"
 -- (later than needed, never too early). On one log, the earliest t >= t0 is t0, else the
 -- first of K_CAND instants at which an entry leaves a window (e + W) before the log's end
--- slot, else the end slot (the first instant after its newest entry with room: one rank,
--- or a bisection over ranks with <cum>). Logs alternate for at most K_ITER rounds, else the latest end slot
+-- slot, else, on a log of cost-1 entries sparse after t0, a slot gap_slot finds before the
+-- end slot in at most K_GAP bisection rounds, else the end slot (the first instant after
+-- its newest entry with room: one rank, or a bisection over ranks with <cum>). Logs alternate for at most K_ITER rounds, else the latest end slot
 -- wins (every log has room from its end slot on). Other loops state their bounds inline.
 --
 -- SKEW. Sentinel "#" scores -2^51 + 16 * hw + flags, hw being the latest instant a write to
@@ -119,6 +120,7 @@
 
 local K_SCAN, K_CAND, K_ITER, K_LAPSE, K_RENUM, K_FAIR, K_TRIM = 64, 4, 3, 8, 32, 8, 8
 local K_PRIO = 8 -- pending reservations a prioritized event examines (PRIORITY)
+local K_GAP = 16 -- bisection rounds of gap_slot: a slot before the end slot among 2^16 entries
 local DEFAULT_CLAIM_TIMEOUT = 5000 -- ms, throttle.DefaultClaimTimeout
 local BASE = 2251799813685248 -- 2^51
 local FLOOR = '-1125899906842624' -- -2^50: below every instant, above every sentinel
@@ -342,7 +344,8 @@ end
 -- that holds reservations, typically. It decides as general below would, in straight-line
 -- steps (one function, grow, above): the window at now; else, with nothing ahead, the
 -- k-th entry of the window leaving it; else the log's end slot and, before it, the first
--- K_CAND instants where an entry leaves a window. Then an admission at now, a denial, or
+-- K_CAND instants where an entry leaves a window (none fitting and the log sparse after
+-- now: general, for gap_slot). Then an admission at now, a denial, or
 -- a new reservation (on a type log, at its fair rank). A token that holds a
 -- reservation due within its claim wait claims it in place (one further ahead is denied
 -- until then). It hands over to general, having written nothing, for anything else: a
@@ -497,10 +500,8 @@ repeat
     t = tonumber(e[2]) + w
   else
     -- The end slot: after the newest entry, and after the limit-th newest leaves its window.
-    local tend = tonumber(redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2])
-    if tend < now then
-      tend = now
-    end
+    local newest_at = tonumber(redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2])
+    local tend = newest_at < now and now or newest_at
     local y = redis.call('ZRANGE', key, -limit, -limit, 'WITHSCORES')
     if y[1] and string.byte(y[1], 1) ~= 35 and tonumber(y[2]) + w > tend then -- not '#', '#f', '#p'
       tend = tonumber(y[2]) + w
@@ -522,6 +523,9 @@ repeat
     end
     if exact then
       break -- room at c, but perhaps not in a window after it: general's exact check
+    end
+    if not t and (redis.call('ZCOUNT', key, '(' .. nows, '+inf') + limit) * w <= limit * (newest_at - now) then
+      break -- sparse after now: general's gap_slot may find a slot before the end slot
     end
     t = t or tend
   end
@@ -808,7 +812,7 @@ end
 local function end_slot(log, t0, c)
   local last = newest(log)
   if not last then
-    return t0
+    return t0, nil, 0
   end
   local t = math.max(t0, last)
   local s0 = log.nsent
@@ -837,12 +841,59 @@ local function end_slot(log, t0, c)
       t = math.max(t, y + q.w)
     end
   end
-  return t
+  return t, last, n
+end
+
+-- gap_slot looks for a slot earlier than the end slot `last` on a log of cost-1 entries
+-- whose entries after t0 are sparse in every quota ((their count + limit) * W <= limit *
+-- (newest - t0): a window's worth of slots unused among them), as behind a tenant that
+-- reserved a minute ahead on a type log of 1 s windows, where the K_CAND candidates all
+-- fall in the dense stretch before the gap. The end slot of a prefix of the log (its
+-- entries up to rank j: the later of t0, the j-th entry, and the (j - room)-th entry + W)
+-- grows with j, and is the end slot `last` for the whole log; a bisection over the ranks
+-- after t0 keeps the half whose upper end's prefix end slot fits in the whole log, at
+-- most K_GAP rounds: O(K_GAP log N). Returns a slot < last, or nil. newest, n: the log's
+-- newest instant and entry count (end_slot's).
+local function gap_slot(log, t0, c, last, newest_at, n)
+  if has_c(log) or not newest_at then
+    return nil
+  end
+  local s0 = log.nsent
+  local a = s0 + redis.call('ZCOUNT', log.L, FLOOR, fmt(t0)) -- the first rank after t0
+  local b = s0 + n - 1
+  for _, q in ipairs(log.q) do
+    if (b - a + 1 + q.limit) * q.w > q.limit * (newest_at - t0) then
+      return nil
+    end
+  end
+  local lo, hi, best = a - 1, b, last
+  for _ = 1, K_GAP do
+    if hi - lo <= 1 then
+      break
+    end
+    local mid = math.floor((lo + hi) / 2)
+    local s = math.max(t0, tonumber(redis.call('ZRANGE', log.L, mid, mid, 'WITHSCORES')[2]))
+    for _, q in ipairs(log.q) do
+      local room = q.limit - c
+      if mid - s0 + 1 > room then
+        s = math.max(s, tonumber(redis.call('ZRANGE', log.L, mid - room, mid - room, 'WITHSCORES')[2]) + q.w)
+      end
+    end
+    if s < best and fits(log, s, c) then
+      hi, best = mid, s
+    else
+      lo = mid
+    end
+  end
+  if best < last then
+    return best
+  end
+  return nil
 end
 
 -- earliest_on is the earliest instant >= t0 at which cost c fits on the log (bounded: t0,
 -- then the first K_CAND instants before the end slot where an entry leaves a window, then
--- the end slot). With no entry after t0 and all of cost 1 it is exact in one call per
+-- gap_slot's, then the end slot). With no entry after t0 and all of cost 1 it is exact in one call per
 -- quota: the k-th entry of the window leaving it, k = slots taken + c - limit.
 local function earliest_on(log, t0, c)
   if fits(log, t0, c) then
@@ -863,7 +914,7 @@ local function earliest_on(log, t0, c)
     return t
   end
   -- The end slot bounds the search: candidates after it cannot be earlier than it.
-  local last = end_slot(log, t0, c)
+  local last, newest_at, n = end_slot(log, t0, c)
   local cands = {}
   for _, q in ipairs(log.q) do
     local page = redis.call('ZRANGEBYSCORE', log.L, '(' .. fmt(t0 - q.w), fmt(last - q.w - 1), 'WITHSCORES', 'LIMIT', 0, K_CAND)
@@ -884,7 +935,7 @@ local function earliest_on(log, t0, c)
       end
     end
   end
-  return last
+  return gap_slot(log, t0, c, last, newest_at, n) or last
 end
 
 -- earliest is the earliest instant >= t0 at which cost c fits every log of logs: at most

@@ -19,7 +19,8 @@ import (
 // Go value, every count is a plain sum of costs over a slice (no running sums), and the
 // rule "an event fits at t iff every window containing t holds at most limit - cost" is a
 // loop over windows. The stated bounds
-// (K_SCAN entries read by an exact check, K_CAND instants tried, K_ITER rounds, K_LAPSE
+// (K_SCAN entries read by an exact check, K_CAND instants tried, K_GAP bisection rounds
+// for a slot before the end slot, K_ITER rounds, K_LAPSE
 // lapses removed per call, K_RENUM running sums rewritten) are the contract's too, so the
 // model applies them where the contract says. TestLimiter_AllowAt_matchesModel drives the
 // model and a real redis-server with the same random calls and requires the same
@@ -34,6 +35,7 @@ const (
 	modelKRenum = 32
 	modelKFair  = 8
 	modelKPrio  = 8
+	modelKGap   = 16
 	modelFair   = 1_000_000
 	modelBase   = 1 << 51 // sentinels score -2^51 + ...
 	modelTrim   = 8       // the script's K_TRIM
@@ -300,8 +302,60 @@ func (cl *callLog) earliestOn(t0 int64, c int) int64 {
 			return t
 		}
 	}
+	if t, ok := cl.gapSlot(t0, c, last); ok {
+		cl.m.notes["gapSlot"]++
+		return t
+	}
 	cl.m.notes["endSlot"]++
 	return last
+}
+
+// gapSlot: on a log of cost-1 entries only (C never flagged) whose entries after t0 are
+// sparse for every quota ((their count + limit) * W <= limit * (newest - t0): a window's
+// worth of slots unused among them), a bisection over the entries after t0 for a
+// prefix of the log (its entries up to index j) whose end slot c fits at in the whole
+// log: lo starts before the first entry after t0 (no), hi at the newest (its end slot is
+// last: yes); each round tries the middle and keeps the half that holds a yes, at most
+// K_GAP rounds. Reports the slot of the final hi if it is earlier than last.
+func (cl *callLog) gapSlot(t0 int64, c int, last int64) (int64, bool) {
+	es := cl.st.entries
+	if cl.st.flagC || len(es) == 0 {
+		return 0, false
+	}
+	a := 0 // the first entry after t0
+	for a < len(es) && es[a].score <= t0 {
+		a++
+	}
+	b := len(es) - 1
+	after, span := float64(b-a+1), float64(es[b].score-t0)
+	for _, q := range cl.q {
+		if (after+float64(q.limit))*float64(q.w) > float64(q.limit)*span {
+			return 0, false
+		}
+	}
+	// prefixEnd: the end slot of the entries up to index j (endSlot's, on them alone).
+	prefixEnd := func(j int) int64 {
+		t := max(t0, es[j].score)
+		for _, q := range cl.q {
+			if room := q.limit - c; j+1 > room {
+				t = max(t, es[j-room].score+q.w)
+			}
+		}
+		return t
+	}
+	lo, hi, best := a-1, b, last
+	for range modelKGap {
+		if hi-lo <= 1 {
+			break
+		}
+		mid := (lo + hi) / 2
+		if s := prefixEnd(mid); s < best && cl.fits(s, c) {
+			hi, best = mid, s
+		} else {
+			lo = mid
+		}
+	}
+	return best, best < last
 }
 
 // earliest: the logs take turns moving t to their earliest instant until all have room
