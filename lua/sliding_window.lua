@@ -60,7 +60,8 @@
 -- tag) + round(cost * 10^6 / weight). An event of cost 1 that must reserve takes the slot
 -- at its fair rank r (the number of tags <= its own) among the type log's pending
 -- reservations: from the first pending at the r-th one's instant, the first of K_FAIR that
--- is another tenant's cost-1 reservation on the type log (moved on its own tenant log too,
+-- is another tenant's cost-1 reservation with a later tag on the type log (one ranked
+-- before the event keeps its slot; moved on its own tenant log too,
 -- under the quotas its lease records: movable),
 -- after now and before its own earliest instant, where its other quotas have room. The
 -- reservation it displaces moves to its own earliest instant, keeping its tag. Waiting tenants so share the type's slots in proportion to
@@ -536,8 +537,8 @@ repeat
     return {0, lo, t - caller, now, 1, server_ms} -- a denial, writing nothing
   end
   -- FAIRNESS, as general's: from the instant of the reservation at the fair rank, the first
-  -- of K_FAIR pending that is another tenant's, of cost 1 on this log alone (scopes "y")
-  -- and priority 0, after now and before t. This event takes its slot (vs), and it moves
+  -- of K_FAIR pending that is another tenant's, of cost 1 on this log alone (scopes "y"),
+  -- priority 0 and a later tag, after now and before t. This event takes its slot (vs), and it moves
   -- to t, its own earliest instant too (the log's instants stay the same), keeping its
   -- lease and tag: one ZADD to P and the entries' ZADD move both. Met first, another
   -- tenant's on its own tenant log too (a tier's, its quotas in its lease) is general's to
@@ -566,7 +567,8 @@ repeat
         if recs[i] and s > now and string.sub(page[2 * i - 1], 1, 2) == '1:' then
           -- "<cost>:<scopes>:<created>:<n>:<holder><tenant>"; "p<priority>:..." does not match
           local vcost, vscopes, vn, vrest = string.match(recs[i], '^(%d+):([^:]+):%d+:(%d+):(.*)$')
-          if vcost == '1' and string.sub(vrest, tonumber(vn) + 1) ~= tenant then
+          if vcost == '1' and string.sub(vrest, tonumber(vn) + 1) ~= tenant and
+            (tonumber(redis.call('ZSCORE', fairq, tokens[i])) or 0) > tonumber(tag) then
             if vscopes == 'y' then
               victim, vs, done = page[2 * i - 1], s, true
               break
@@ -1690,8 +1692,9 @@ end
 if not placed and tlog and cost == 1 then
   -- The instant of the slot at the fair rank; there, or after, the first of K_FAIR
   -- pending reservations (from the first at that instant: slots at one instant are alike)
-  -- that is another tenant's of cost 1 and no higher priority, after now and before t,
-  -- where our other quotas have room.
+  -- that is another tenant's of cost 1, no higher priority and a later tag (one ranked
+  -- before this event keeps its slot), after now and before t, where our other quotas
+  -- have room.
   local rank = redis.call('ZCOUNT', FAIRQ, '-inf', fmt(tag))
   local at_rank = redis.call('ZRANGE', tlog.P, rank, rank, 'WITHSCORES')[2]
   local page = at_rank and redis.call('ZRANGEBYSCORE', tlog.P, at_rank, '+inf', 'WITHSCORES', 'LIMIT', 0, K_FAIR) or {}
@@ -1710,7 +1713,8 @@ if not placed and tlog and cost == 1 then
     local rec = recs[i]
     if rec and s > now and string.sub(page[2 * i - 1], 1, 2) == '1:' then
       local vcost, vscopes, vten, _, vprio = lease_parse(rec)
-      if vcost == 1 and movable(vscopes, vten) and vten ~= tenant and vprio <= prio and room_for(s, vten, roomy) then
+      if vcost == 1 and movable(vscopes, vten) and vten ~= tenant and vprio <= prio and
+        (tonumber(redis.call('ZSCORE', FAIRQ, tokens[i])) or 0) > tag and room_for(s, vten, roomy) then
         fv, fsv, fvt, fsc = page[2 * i - 1], s, vten, vscopes
         break
       end

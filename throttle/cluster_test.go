@@ -123,8 +123,9 @@ func TestLimiter_AllowAtCluster(t *testing.T) {
 	// Type 4/1s. Tenant A is admitted 4 times at t=0 and reserves 8 more: t=1000 x4 and
 	// t=2000 x4, fair tags 1..8 (x 10^6). Tenant B reserves 2 at t=100 with tags 1 and 2:
 	// by the fairness swap each takes, from the first reservation pending at its fair
-	// rank's instant (1000), the first of another tenant: A-4, then A-5, which move to
-	// t=3000, their own earliest instants. So t=1000 holds 2 of A and 2 of B. Leases,
+	// rank's instant (1000), the first of another tenant with a later tag: A-5 (A-4's tag
+	// 1 is not later than B-0's), then A-6, which move to t=3000, their own earliest
+	// instants. So t=1000 holds 2 of A and 2 of B. Leases,
 	// fair tags and fair state are three more keys in the script call, and the swap
 	// touches none but the type's.
 	t.Run("ReservationsFairness", func(t *testing.T) {
@@ -160,7 +161,7 @@ func TestLimiter_AllowAtCluster(t *testing.T) {
 			_, id, _ := strings.Cut(z.Member.(string), ":")
 			got[int64(z.Score)] = append(got[int64(z.Score)], id)
 		}
-		want := map[int64][]string{1000: {"A-6", "A-7", "B-0", "B-1"}, 2000: {"A-10", "A-11", "A-8", "A-9"}, 3000: {"A-4", "A-5"}}
+		want := map[int64][]string{1000: {"A-4", "A-7", "B-0", "B-1"}, 2000: {"A-10", "A-11", "A-8", "A-9"}, 3000: {"A-5", "A-6"}}
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("reservations by instant:\n got %v\nwant %v", got, want)
 		}

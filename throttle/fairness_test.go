@@ -3,6 +3,7 @@ package throttle_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -157,5 +158,53 @@ func fairWeighted(t *testing.T, aTier, bTier []throttle.Quota) {
 	}
 	if want := strings.Split("B B B A B B B A B B B A B A", " "); !slices.Equal(order, want) {
 		t.Errorf("fair order %v, want %v", order, want)
+	}
+}
+
+// TestLimiter_AllowAt_fairEqualTagsKeepTheirSlots: two tenants of one weight arriving
+// together beside a heavier one's backlog each get their weighted share. Type quota
+// 10/1s; P (weight 3) sends 400 tasks at t=0 (10 run, 390 reserve 1000-39000); F and G
+// (weight 1) send 100 each at t=500, interleaved F-0, G-0, F-1, ... Their tags come out
+// equal pairwise (F-i's is G-i's), so each ranks at the other's slot. A fair rank takes
+// only the slot of a reservation with a later tag: F-i and G-i both get the slot at
+// 1000 * (i/2 + 1), 2 each a second from 1 s to 50 s, and P the other 6, 3:1:1 as the
+// weights say, until P's backlog ends at 39 s (F-77, G-77). Before, G-i took F-i's slot
+// (another tenant's, and its tag not later) and F-i went to the end of P's backlog: F got
+// none of the first 15 s, G 15 and P 135 (the trial's "a waiting pro tenant got 0 slots
+// for 10 s"). A limit this test also shows: F-78 and G-78 on reserve at 55000-59000,
+// behind the 156 P reservations they displaced (a displaced reservation goes to its own
+// earliest instant, the end), as the K_FAIR pending at their fair rank (40000) are P's
+// displaced first, of earlier tags than theirs.
+func TestLimiter_AllowAt_fairEqualTagsKeepTheirSlots(t *testing.T) {
+	t.Parallel()
+	typ := msQuota(throttle.ScopeType, 10, 1_000)
+	quotas := []throttle.Quota{typ}
+	var steps []modelStep
+	for i := range int64(400) {
+		want := &modelDecision{Allowed: true, Quota: typ, Count: int(i) + 1, Remaining: 9 - int(i), At: 0}
+		if i >= 10 {
+			want = &modelDecision{Reserved: true, Quota: typ, Count: 10, RetryAfter: msDuration(i / 10 * 1_000), At: 0}
+		}
+		steps = append(steps, modelStep{at: 0, tenant: "P", quotas: quotas, weight: 3, token: fmt.Sprintf("P-%d", i), want: want})
+	}
+	for i := range int64(100) {
+		want := &modelDecision{Reserved: true, Quota: typ, Count: 10, RetryAfter: msDuration(i/2*1_000 + 500), At: 500}
+		if i >= 78 { // after P's backlog: see above
+			want = nil
+		}
+		for _, tenant := range []string{"F", "G"} {
+			steps = append(steps, modelStep{at: 500, tenant: tenant, quotas: quotas, weight: 1, token: fmt.Sprintf("%s-%d", tenant, i), want: want})
+		}
+	}
+	m := checkSequence(t, steps) // the script's sets are the model's after every step
+	first15 := map[string]int{}
+	for pm, s := range m.logs[modelLog{taskType: "api:call", scope: throttle.ScopeType}].pending {
+		if s <= 15_000 {
+			tenant, _, _ := strings.Cut(strings.TrimPrefix(pm, "1:"), "-")
+			first15[tenant]++
+		}
+	}
+	if want := map[string]int{"P": 90, "F": 30, "G": 30}; !maps.Equal(first15, want) {
+		t.Errorf("slots reserved in (0, 15000]: %v, want %v", first15, want)
 	}
 }

@@ -894,8 +894,8 @@ func (c *modelCall) fairClaimed() {
 // fairSwap takes, for a cost-1 event with tag and earliest instant t, the slot at its fair
 // rank r among the type log's pending reservations: from the first pending at the r-th
 // one's instant, the first of K_FAIR that is another tenant's cost-1 reservation with the
-// same scopes, after now and before t, where the event's other logs have room. The displaced reservation goes to
-// its own earliest instant.
+// same scopes and a later tag, after now and before t, where the event's other logs have
+// room. The displaced reservation goes to its own earliest instant.
 func (c *modelCall) fairSwap(tag, t int64) bool {
 	tl := c.typeLog
 	rank := 0
@@ -920,6 +920,10 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 		}
 		if l.priority > c.priority { // a fair rank never displaces a higher priority
 			c.m.notes["fairSkipsPriority"]++
+			continue
+		}
+		if c.fairq[pend[i][strings.IndexByte(pend[i], ':')+1:]] <= tag {
+			c.m.notes["fairSkipsEarlierTag"]++ // it ranks before this event: it keeps its slot
 			continue
 		}
 		if c.roomFor(s, l.tenant) {

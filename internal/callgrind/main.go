@@ -246,7 +246,10 @@ func main() {
 	// fair, not a row of the benchmark: row (e)'s type log, each timed call from a tenant
 	// with nothing waiting yet, whose fair tag ranks it first: it takes the slot of another
 	// tenant's reservation, which moves to the end (fair displacement, as the benchmark's
-	// 64 callers cause whenever their calls arrive out of tag order).
+	// 64 callers cause whenever their calls arrive out of tag order). Weight 2: its tag
+	// (half a unit) is before every backlog tenant's (a unit and more), since a fair rank
+	// takes only the slot of a reservation of a later tag; at weight 1 it would tie with
+	// the backlog's first tags, and the first pending at its instant would hold them.
 	run("fair", func() {
 		for r := 0; r < *backlog; {
 			if must(lim.Allow(ctx, ereq())).Reserved {
@@ -256,7 +259,7 @@ func main() {
 	}, func(i int) {
 		clock.Add(1)
 		next++
-		req := throttle.Request{Key: throttle.Key{TaskType: "backlog", Tenant: "new" + strconv.Itoa(i)}, Quotas: yq1000, Reservation: "n" + strconv.Itoa(next)}
+		req := throttle.Request{Key: throttle.Key{TaskType: "backlog", Tenant: "new" + strconv.Itoa(i)}, Quotas: yq1000, Reservation: "n" + strconv.Itoa(next), Weight: 2}
 		if d := must(lim.Allow(ctx, req)); !d.Reserved || d.RetryAfter >= time.Second {
 			fatalf("case fair: %+v, want a reservation within the next second (a displaced slot): a wrong outcome", d)
 		}
