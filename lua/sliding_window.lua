@@ -33,8 +33,9 @@
 -- first of K_CAND instants at which an entry leaves a window (e + W) before the log's end
 -- slot, else, on a log of cost-1 entries sparse after t0, a slot gap_slot finds before the
 -- end slot in at most K_GAP bisection rounds, else the end slot (the first instant after
--- its newest entry with room: one rank, or a bisection over ranks with <cum>). Logs alternate for at most K_ITER rounds, else the latest end slot
--- wins (every log has room from its end slot on). Other loops state their bounds inline.
+-- its newest entry with room: one rank, or a bisection over ranks with <cum>). Logs
+-- alternate for at most K_ITER rounds, else the latest end slot wins (every log has room
+-- from its end slot on). Other loops state their bounds inline.
 --
 -- SKEW. Sentinel "#" scores -2^51 + 16 * hw + flags, hw being the latest instant a write to
 -- the log was decided at, flags telling whether C may hold entries (1), "#f" is there (2),
@@ -538,11 +539,11 @@ repeat
   end
   -- FAIRNESS, as general's: from the instant of the reservation at the fair rank, the first
   -- of K_FAIR pending that is another tenant's, of cost 1 on this log alone (scopes "y"),
-  -- priority 0 and a later tag, after now and before t. This event takes its slot (vs), and it moves
-  -- to t, its own earliest instant too (the log's instants stay the same), keeping its
-  -- lease and tag: one ZADD to P and the entries' ZADD move both. Met first, another
-  -- tenant's on its own tenant log too (a tier's, its quotas in its lease) is general's to
-  -- move: handed over, nothing written.
+  -- priority 0 and a later tag, after now and before t. This event takes its slot (vs),
+  -- and it moves to t, its own earliest instant too (the log's instants stay the same),
+  -- keeping its lease and tag: one ZADD to P and the entries' ZADD move both. Met first,
+  -- another tenant's on its own tenant log too (a tier's, its quotas in its lease) is
+  -- general's to move: handed over, nothing written.
   local victim, vs, handover = nil, nil, false
   if fair_rank and t > now then
     local at_rank = redis.call('ZRANGE', pkey, fair_rank, fair_rank, 'WITHSCORES')[2]
@@ -895,8 +896,8 @@ end
 
 -- earliest_on is the earliest instant >= t0 at which cost c fits on the log (bounded: t0,
 -- then the first K_CAND instants before the end slot where an entry leaves a window, then
--- gap_slot's, then the end slot). With no entry after t0 and all of cost 1 it is exact in one call per
--- quota: the k-th entry of the window leaving it, k = slots taken + c - limit.
+-- gap_slot's, then the end slot). With no entry after t0 and all of cost 1 it is exact in
+-- one call per quota: the k-th entry of the window leaving it, k = slots taken + c - limit.
 local function earliest_on(log, t0, c)
   if fits(log, t0, c) then
     return t0
