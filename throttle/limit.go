@@ -3,6 +3,7 @@ package throttle
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -73,6 +74,10 @@ func (l Limit) check() error {
 	return nil
 }
 
+// durationForm is the syntax time.ParseDuration reads (unsigned): numbers with a unit
+// each. A window of that form that it refuses overflowed a time.Duration.
+var durationForm = regexp.MustCompile(`^(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
+
 // ParseLimit reads "events/window", e.g. "5/2s", "100/1h" or "10/1m30s": a positive
 // integer, a slash, and a Go duration (time.ParseDuration) of at least 1ms. Surrounding
 // spaces are ignored. The error quotes s and says which part is wrong.
@@ -89,6 +94,10 @@ func ParseLimit(s string) (Limit, error) {
 		return Limit{}, fmt.Errorf("throttle: limit %q: events %q is not an integer", s, events)
 	}
 	d, err := time.ParseDuration(strings.TrimSpace(window))
+	if err != nil && durationForm.MatchString(strings.TrimSpace(window)) {
+		// A well-formed duration that time.Duration (int64 ns, about 292 years) cannot hold.
+		return Limit{}, fmt.Errorf("throttle: limit %q: window %q is too long: it must be shorter than 2^42 ms (about 139 years)", s, window)
+	}
 	if err != nil {
 		return Limit{}, fmt.Errorf("throttle: limit %q: window %q is not a Go duration such as 2s, 1m or 1h", s, window)
 	}

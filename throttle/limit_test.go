@@ -102,6 +102,10 @@ func TestParseLimit(t *testing.T) {
 		{"4398046511104/1s", "events must be less than 2^42 (4398046511104), got 4398046511104"},
 		{"99999999999999999999/1s", `events "99999999999999999999" is too large (less than 2^42, 4398046511104)`},
 		{"5/1300000h", "window must be shorter than 2^42 ms (about 139 years), got 1300000h0m0s"},
+		// Too long for a time.Duration (about 292 years): the bound, not "not a Go duration".
+		{"5/9999999999h", `window "9999999999h" is too long: it must be shorter than 2^42 ms (about 139 years)`},
+		{"5/3000000h1s", `window "3000000h1s" is too long`},
+		{"5/1h2", `window "1h2" is not a Go duration`},
 	}
 	for _, tc := range bad {
 		got, err := throttle.ParseLimit(tc.in)
