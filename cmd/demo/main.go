@@ -30,6 +30,8 @@ import (
 	"time"
 
 	"golang.org/x/term"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
 )
 
 // options are the command line of the demo.
@@ -54,7 +56,9 @@ func main() {
 }
 
 // realMain runs the demo with the command-line args and the REDIS_* environment, and
-// returns the exit status: 0 passed, 1 failed (reason on stderr), 2 bad usage.
+// returns the exit status: 0 passed, 1 failed (reason on stderr), 2 bad usage (a bad flag,
+// or a REDIS_* value that is malformed or that Redis's answer shows wrong: a database the
+// server lacks, a cluster node given alone, a single Redis given as a cluster).
 func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	opts, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
@@ -73,6 +77,10 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 	logw := &syncWriter{w: stderr} // progress and asynq's goroutines write to it at once
 	rep, err := run(ctx, opts, be, newProgress(stderr, logw), logw)
+	if redisenv.IsBadValue(err) { // a REDIS_* value Redis's answer shows wrong: bad usage, as in cmd/worker
+		fmt.Fprintln(stderr, "demo:", err)
+		return 2
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "demo:", err)
 		return 1

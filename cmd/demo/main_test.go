@@ -62,6 +62,19 @@ func TestRealMain_badRedisEnv(t *testing.T) {
 	}
 }
 
+// A REDIS_DB the server does not have is a bad value too, shown by Redis's answer: exit 2
+// with the message every command prints, not 1 as for an outage.
+func TestRealMain_noSuchDB(t *testing.T) {
+	srv := redistest.StartServer(t)
+	setRedisEnv(t, srv.Addr)
+	t.Setenv("REDIS_DB", "99")
+	var stdout, stderr bytes.Buffer
+	want := `redisenv: REDIS_DB="99": the Redis at REDIS_ADDR="` + srv.Addr + `" has no database 99`
+	if code := realMain(context.Background(), []string{"-n", "1"}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), want) {
+		t.Errorf("exit %d, stderr %q; want 2 and %q", code, stderr.String(), want)
+	}
+}
+
 func TestRealMain_redisDown(t *testing.T) {
 	srv := redistest.StartServer(t)
 	srv.Stop()
