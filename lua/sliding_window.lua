@@ -583,8 +583,9 @@ repeat
       from = n
     end
   end
-  if handover then
-    break -- a tiered reservation to move: general's
+  if handover or fair_rank and t > now and not victim and
+    #redis.call('ZRANGEBYSCORE', fairq, '(' .. tag, '+inf', 'LIMIT', '0', '1') > 0 then
+    break -- a tiered reservation to move, or later tags to look among: general's
   end
   -- The write: this event at now, or its reservation at t (vs); then what general's finish does.
   local ts = t == now and nows or string.format('%d', t)
@@ -1718,6 +1719,31 @@ if not placed and tlog and cost == 1 then
         (tonumber(redis.call('ZSCORE', FAIRQ, tokens[i])) or 0) > tag and room_for(s, vten, roomy) then
         fv, fsv, fvt, fsc = page[2 * i - 1], s, vten, vscopes
         break
+      end
+    end
+  end
+  if not fv and at_rank then
+    -- None there: the reservations of the next K_FAIR tags after this event's (FAIRQ's
+    -- order), wherever they wait. Displaced reservations wait at the end of the backlog
+    -- with their early tags; the rank counts them, so its instant can fall among them,
+    -- after the later tags still waiting in place.
+    local nt = redis.call('ZRANGEBYSCORE', FAIRQ, '(' .. fmt(tag), '+inf', 'LIMIT', 0, K_FAIR)
+    if #nt > 0 then
+      local pms = {}
+      for i, tk in ipairs(nt) do
+        pms[i] = '1:' .. tk
+      end
+      local ss = redis.call('ZMSCORE', tlog.P, unpack(pms)) -- at most K_FAIR
+      local nrecs = redis.call('HMGET', LEASES, unpack(nt)) -- at most K_FAIR
+      for i = 1, #nt do
+        local s = ss[i] and tonumber(ss[i])
+        if s and s < t and nrecs[i] and s > now then
+          local vcost, vscopes, vten, _, vprio = lease_parse(nrecs[i])
+          if vcost == 1 and movable(vscopes, vten) and vten ~= tenant and vprio <= prio and room_for(s, vten, roomy) then
+            fv, fsv, fvt, fsc = pms[i], s, vten, vscopes
+            break
+          end
+        end
       end
     end
   end

@@ -648,7 +648,7 @@ func TestLimiter_AllowAt_matchesModel(t *testing.T) {
 		}
 		for _, c := range []string{"admitted", "admittedAhead", "replay", "denied", "reserved", "heldNotDue",
 			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "claimRefit", "fairSwapTypeOnly", "fairSwapOtherTier", "fairSwapTiered", "fairSwap", "oneLogFairSwap", "ghost", "candidate", "gapSlot", "endSlot",
-			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume", "fresh", "prioSwap", "prioAdmit", "fairSkipsPriority", "fairSkipsEarlierTag"} {
+			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume", "fresh", "prioSwap", "prioAdmit", "fairSkipsPriority", "fairSkipsEarlierTag", "fairNextTag"} {
 			if total[c] == 0 {
 				t.Errorf("the fixed seeds never reach case %q: the model and the script are not compared there", c)
 			}

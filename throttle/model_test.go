@@ -895,7 +895,8 @@ func (c *modelCall) fairClaimed() {
 // rank r among the type log's pending reservations: from the first pending at the r-th
 // one's instant, the first of K_FAIR that is another tenant's cost-1 reservation with the
 // same scopes and a later tag, after now and before t, where the event's other logs have
-// room. The displaced reservation goes to its own earliest instant.
+// room; else the first such among the reservations of the next K_FAIR tags. The displaced
+// reservation goes to its own earliest instant.
 func (c *modelCall) fairSwap(tag, t int64) bool {
 	tl := c.typeLog
 	rank := 0
@@ -914,32 +915,62 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 		if s >= t {
 			break
 		}
-		l, ok := c.leases[pend[i][strings.IndexByte(pend[i], ':')+1:]]
-		if !ok || s <= c.now || !strings.HasPrefix(pend[i], "1:") || l.cost != 1 || !c.movable(l.scopes, l.tenant) || l.tenant == c.tenant {
-			continue
+		if c.fairVictim(pend[i], s, tag, t) {
+			return true
 		}
-		if l.priority > c.priority { // a fair rank never displaces a higher priority
-			c.m.notes["fairSkipsPriority"]++
-			continue
+	}
+	// None there: the reservations of the next K_FAIR tags after its own (FAIRQ's order:
+	// tag, then token), wherever they wait. Displaced reservations wait at the end of the
+	// backlog with their early tags; a rank counts them, so its instant can fall among
+	// them, after the later tags still waiting in place.
+	var later []string
+	for token, g := range c.fairq {
+		if g > tag {
+			later = append(later, token)
 		}
-		if c.fairq[pend[i][strings.IndexByte(pend[i], ':')+1:]] <= tag {
-			c.m.notes["fairSkipsEarlierTag"]++ // it ranks before this event: it keeps its slot
-			continue
-		}
-		if c.roomFor(s, l.tenant) {
-			switch {
-			case l.scopes == "y" && c.letters != "y":
-				c.m.notes["fairSwapTypeOnly"]++
-			case c.letters == "y" && l.scopes != "y":
-				c.m.notes["fairSwapTiered"]++ // a type-only event moves a tiered reservation
-			case l.scopes != c.scopes:
-				c.m.notes["fairSwapOtherTier"]++ // moved on its tenant log under its own quotas
-			}
-			c.displace(&modelVictim{pm: pend[i], s: s, tenant: l.tenant, scopes: l.scopes}, "")
+	}
+	slices.SortFunc(later, func(a, b string) int { return cmp.Or(cmp.Compare(c.fairq[a], c.fairq[b]), strings.Compare(a, b)) })
+	for _, token := range later[:min(len(later), modelKFair)] {
+		pm := "1:" + token
+		if s, ok := tl.st.pending[pm]; ok && s < t && c.fairVictim(pm, s, tag, t) {
+			c.m.notes["fairNextTag"]++
 			return true
 		}
 	}
 	return false
+}
+
+// fairVictim displaces the reservation pm, pending at s on the type log, if it can give
+// its slot to this event of tag and earliest instant t: another tenant's of cost 1,
+// movable, of no higher priority and a later tag, after now, where the event's other logs
+// have room.
+func (c *modelCall) fairVictim(pm string, s, tag, t int64) bool {
+	token := pm[strings.IndexByte(pm, ':')+1:]
+	l, ok := c.leases[token]
+	if !ok || s <= c.now || !strings.HasPrefix(pm, "1:") || l.cost != 1 || !c.movable(l.scopes, l.tenant) || l.tenant == c.tenant {
+		return false
+	}
+	if l.priority > c.priority { // a fair rank never displaces a higher priority
+		c.m.notes["fairSkipsPriority"]++
+		return false
+	}
+	if c.fairq[token] <= tag {
+		c.m.notes["fairSkipsEarlierTag"]++ // it ranks before this event: it keeps its slot
+		return false
+	}
+	if !c.roomFor(s, l.tenant) {
+		return false
+	}
+	switch {
+	case l.scopes == "y" && c.letters != "y":
+		c.m.notes["fairSwapTypeOnly"]++
+	case c.letters == "y" && l.scopes != "y":
+		c.m.notes["fairSwapTiered"]++ // a type-only event moves a tiered reservation
+	case l.scopes != c.scopes:
+		c.m.notes["fairSwapOtherTier"]++ // moved on its tenant log under its own quotas
+	}
+	c.displace(&modelVictim{pm: pm, s: s, tenant: l.tenant, scopes: l.scopes}, "")
+	return true
 }
 
 // modelVictim is a pending reservation an event takes the slot of: its P member, instant,
