@@ -558,6 +558,7 @@ repeat
         tokens[#tokens + 1] = string.sub(page[i], string.find(page[i], ':', 1, true) + 1)
       end
       local recs = #tokens > 0 and redis.call('HMGET', base .. 'leases', unpack(tokens)) or {} -- at most K_FAIR - 1
+      local tags = nil -- their fair tags, read once at the first candidate that needs them
       done = #tokens < n or from > 0
       for i = 1, #tokens do
         local s = tonumber(page[2 * i])
@@ -568,8 +569,10 @@ repeat
         if recs[i] and s > now and string.sub(page[2 * i - 1], 1, 2) == '1:' then
           -- "<cost>:<scopes>:<created>:<n>:<holder><tenant>"; "p<priority>:..." does not match
           local vcost, vscopes, vn, vrest = string.match(recs[i], '^(%d+):([^:]+):%d+:(%d+):(.*)$')
-          if vcost == '1' and string.sub(vrest, tonumber(vn) + 1) ~= tenant and
-            (tonumber(redis.call('ZSCORE', fairq, tokens[i])) or 0) > tonumber(tag) then
+          if vcost == '1' and string.sub(vrest, tonumber(vn) + 1) ~= tenant then
+            tags = tags or redis.call('ZMSCORE', fairq, unpack(tokens)) -- at most K_FAIR - 1
+          end
+          if vcost == '1' and string.sub(vrest, tonumber(vn) + 1) ~= tenant and (tonumber(tags[i]) or 0) > tonumber(tag) then
             if vscopes == 'y' then
               victim, vs, done = page[2 * i - 1], s, true
               break
@@ -583,9 +586,36 @@ repeat
       from = n
     end
   end
-  if handover or fair_rank and t > now and not victim and
-    #redis.call('ZRANGEBYSCORE', fairq, '(' .. tag, '+inf', 'LIMIT', '0', '1') > 0 then
-    break -- a tiered reservation to move, or later tags to look among: general's
+  if fair_rank and t > now and not victim and not handover then
+    -- None there: among the reservations of the next K_FAIR tags after this event's,
+    -- wherever they wait, the first as above (general's, and why).
+    local nt = redis.call('ZRANGEBYSCORE', fairq, '(' .. tag, '+inf', 'LIMIT', '0', string.format('%d', K_FAIR))
+    if #nt > 0 then
+      local pms = {}
+      for i, tk in ipairs(nt) do
+        pms[i] = '1:' .. tk
+      end
+      local ss = redis.call('ZMSCORE', pkey, unpack(pms)) -- at most K_FAIR
+      local recs = redis.call('HMGET', base .. 'leases', unpack(nt)) -- at most K_FAIR
+      for i = 1, #nt do
+        local s = ss[i] and tonumber(ss[i])
+        if s and s < t and recs[i] and s > now then
+          local vcost, vscopes, vn, vrest = string.match(recs[i], '^(%d+):([^:]+):%d+:(%d+):(.*)$')
+          if vcost == '1' and string.sub(vrest, tonumber(vn) + 1) ~= tenant then
+            if vscopes == 'y' then
+              victim, vs = pms[i], s
+              break
+            elseif string.find(vscopes, '=', 1, true) and string.find(string.match(vscopes, '^%a+'), 'y', 1, true) then
+              handover = true
+              break
+            end
+          end
+        end
+      end
+    end
+  end
+  if handover then
+    break -- a tiered reservation to move: general's
   end
   -- The write: this event at now, or its reservation at t (vs); then what general's finish does.
   local ts = t == now and nows or string.format('%d', t)
@@ -1705,6 +1735,7 @@ if not placed and tlog and cost == 1 then
     tokens[#tokens + 1] = token_of(page[i])
   end
   local recs = #tokens > 0 and redis.call('HMGET', LEASES, unpack(tokens)) or {} -- at most K_FAIR
+  local tags = nil -- their fair tags, read once at the first candidate that needs them
   local fv, fsv, fvt, fsc = nil, nil, nil, nil
   local roomy = {} -- per instant, whether our other logs have room there
   for i = 1, #tokens do
@@ -1715,8 +1746,11 @@ if not placed and tlog and cost == 1 then
     local rec = recs[i]
     if rec and s > now and string.sub(page[2 * i - 1], 1, 2) == '1:' then
       local vcost, vscopes, vten, _, vprio = lease_parse(rec)
+      if vcost == 1 and movable(vscopes, vten) and vten ~= tenant and vprio <= prio then
+        tags = tags or redis.call('ZMSCORE', FAIRQ, unpack(tokens)) -- at most K_FAIR
+      end
       if vcost == 1 and movable(vscopes, vten) and vten ~= tenant and vprio <= prio and
-        (tonumber(redis.call('ZSCORE', FAIRQ, tokens[i])) or 0) > tag and room_for(s, vten, roomy) then
+        (tonumber(tags[i]) or 0) > tag and room_for(s, vten, roomy) then
         fv, fsv, fvt, fsc = page[2 * i - 1], s, vten, vscopes
         break
       end
