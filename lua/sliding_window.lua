@@ -588,7 +588,7 @@ repeat
   end
   if fair_rank and t > now and not victim and not handover then
     -- None there: among the reservations of the next K_FAIR tags after this event's,
-    -- wherever they wait, the first as above (general's, and why).
+    -- wherever they wait, the earliest that can give its slot (general's, and why).
     local nt = redis.call('ZRANGEBYSCORE', fairq, '(' .. tag, '+inf', 'LIMIT', '0', string.format('%d', K_FAIR))
     if #nt > 0 then
       local pms = {}
@@ -597,14 +597,15 @@ repeat
       end
       local ss = redis.call('ZMSCORE', pkey, unpack(pms)) -- at most K_FAIR
       local recs = redis.call('HMGET', base .. 'leases', unpack(nt)) -- at most K_FAIR
-      for i = 1, #nt do
+      for i = 1, #nt do -- the earliest (the first on ties); a tiered one is general's
         local s = ss[i] and tonumber(ss[i])
         if s and s < t and recs[i] and s > now then
           local vcost, vscopes, vn, vrest = string.match(recs[i], '^(%d+):([^:]+):%d+:(%d+):(.*)$')
           if vcost == '1' and string.sub(vrest, tonumber(vn) + 1) ~= tenant then
             if vscopes == 'y' then
-              victim, vs = pms[i], s
-              break
+              if not victim or s < vs then
+                victim, vs = pms[i], s
+              end
             elseif string.find(vscopes, '=', 1, true) and string.find(string.match(vscopes, '^%a+'), 'y', 1, true) then
               handover = true
               break
@@ -1757,10 +1758,11 @@ if not placed and tlog and cost == 1 then
     end
   end
   if not fv and at_rank then
-    -- None there: the reservations of the next K_FAIR tags after this event's (FAIRQ's
-    -- order), wherever they wait. Displaced reservations wait at the end of the backlog
-    -- with their early tags; the rank counts them, so its instant can fall among them,
-    -- after the later tags still waiting in place.
+    -- None there: among the reservations of the next K_FAIR tags after this event's
+    -- (FAIRQ's order), wherever they wait, the earliest that can give its slot. Displaced
+    -- reservations wait at the end of the backlog with their early tags; the rank counts
+    -- them, so its instant can fall among them, after the later tags still waiting in
+    -- place.
     local nt = redis.call('ZRANGEBYSCORE', FAIRQ, '(' .. fmt(tag), '+inf', 'LIMIT', 0, K_FAIR)
     if #nt > 0 then
       local pms = {}
@@ -1769,13 +1771,13 @@ if not placed and tlog and cost == 1 then
       end
       local ss = redis.call('ZMSCORE', tlog.P, unpack(pms)) -- at most K_FAIR
       local nrecs = redis.call('HMGET', LEASES, unpack(nt)) -- at most K_FAIR
-      for i = 1, #nt do
+      for i = 1, #nt do -- of those that can give their slot, the earliest (the first on ties)
         local s = ss[i] and tonumber(ss[i])
         if s and s < t and nrecs[i] and s > now then
           local vcost, vscopes, vten, _, vprio = lease_parse(nrecs[i])
-          if vcost == 1 and movable(vscopes, vten) and vten ~= tenant and vprio <= prio and room_for(s, vten, roomy) then
+          if vcost == 1 and movable(vscopes, vten) and vten ~= tenant and vprio <= prio and room_for(s, vten, roomy) and
+            (not fv or s < fsv) then
             fv, fsv, fvt, fsc = pms[i], s, vten, vscopes
-            break
           end
         end
       end

@@ -930,21 +930,36 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 		}
 	}
 	slices.SortFunc(later, func(a, b string) int { return cmp.Or(cmp.Compare(c.fairq[a], c.fairq[b]), strings.Compare(a, b)) })
+	// Of those that can give their slot, the earliest (the first in that order on ties).
+	best, bestS := "", int64(0)
 	for _, token := range later[:min(len(later), modelKFair)] {
 		pm := "1:" + token
-		if s, ok := tl.st.pending[pm]; ok && s < t && c.fairVictim(pm, s, tag, t) {
-			c.m.notes["fairNextTag"]++
-			return true
+		if s, ok := tl.st.pending[pm]; ok && s < t && c.canGive(pm, s, tag) && (best == "" || s < bestS) {
+			best, bestS = pm, s
 		}
+	}
+	if best != "" {
+		c.m.notes["fairNextTag"]++
+		c.giveSlot(best, bestS)
+		return true
 	}
 	return false
 }
 
 // fairVictim displaces the reservation pm, pending at s on the type log, if it can give
-// its slot to this event of tag and earliest instant t: another tenant's of cost 1,
-// movable, of no higher priority and a later tag, after now, where the event's other logs
-// have room.
+// its slot to this event of tag (canGive).
 func (c *modelCall) fairVictim(pm string, s, tag, t int64) bool {
+	if !c.canGive(pm, s, tag) {
+		return false
+	}
+	c.giveSlot(pm, s)
+	return true
+}
+
+// canGive: the reservation pm, pending at s on the type log, can give its slot to this
+// event of tag: another tenant's of cost 1, movable, of no higher priority and a later
+// tag, after now, where the event's other logs have room.
+func (c *modelCall) canGive(pm string, s, tag int64) bool {
 	token := pm[strings.IndexByte(pm, ':')+1:]
 	l, ok := c.leases[token]
 	if !ok || s <= c.now || !strings.HasPrefix(pm, "1:") || l.cost != 1 || !c.movable(l.scopes, l.tenant) || l.tenant == c.tenant {
@@ -958,9 +973,13 @@ func (c *modelCall) fairVictim(pm string, s, tag, t int64) bool {
 		c.m.notes["fairSkipsEarlierTag"]++ // it ranks before this event: it keeps its slot
 		return false
 	}
-	if !c.roomFor(s, l.tenant) {
-		return false
-	}
+	return c.roomFor(s, l.tenant)
+}
+
+// giveSlot displaces the reservation pm, pending at s on the type log: this event takes
+// its slot, and it moves to its own earliest instant.
+func (c *modelCall) giveSlot(pm string, s int64) {
+	l := c.leases[pm[strings.IndexByte(pm, ':')+1:]]
 	switch {
 	case l.scopes == "y" && c.letters != "y":
 		c.m.notes["fairSwapTypeOnly"]++
@@ -970,7 +989,6 @@ func (c *modelCall) fairVictim(pm string, s, tag, t int64) bool {
 		c.m.notes["fairSwapOtherTier"]++ // moved on its tenant log under its own quotas
 	}
 	c.displace(&modelVictim{pm: pm, s: s, tenant: l.tenant, scopes: l.scopes}, "")
-	return true
 }
 
 // modelVictim is a pending reservation an event takes the slot of: its P member, instant,
