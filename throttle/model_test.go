@@ -915,7 +915,7 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 		if s >= t {
 			break
 		}
-		if c.fairVictim(pend[i], s, tag, t) {
+		if c.fairVictim(pend[i], s, tag) {
 			return true
 		}
 	}
@@ -948,7 +948,7 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 
 // fairVictim displaces the reservation pm, pending at s on the type log, if it can give
 // its slot to this event of tag (canGive).
-func (c *modelCall) fairVictim(pm string, s, tag, t int64) bool {
+func (c *modelCall) fairVictim(pm string, s, tag int64) bool {
 	if !c.canGive(pm, s, tag) {
 		return false
 	}
