@@ -571,14 +571,14 @@ repeat
           local vcost, vscopes, vn, vrest = string.match(recs[i], '^(%d+):([^:]+):%d+:(%d+):(.*)$')
           if vcost == '1' and string.sub(vrest, tonumber(vn) + 1) ~= tenant then
             tags = tags or redis.call('ZMSCORE', fairq, unpack(tokens)) -- at most K_FAIR - 1
-          end
-          if vcost == '1' and string.sub(vrest, tonumber(vn) + 1) ~= tenant and (tonumber(tags[i]) or 0) > tonumber(tag) then
-            if vscopes == 'y' then
-              victim, vs, done = page[2 * i - 1], s, true
-              break
-            elseif string.find(vscopes, '=', 1, true) and string.find(string.match(vscopes, '^%a+'), 'y', 1, true) then
-              handover, done = true, true
-              break
+            if (tonumber(tags[i]) or 0) > tonumber(tag) then
+              if vscopes == 'y' then
+                victim, vs, done = page[2 * i - 1], s, true
+                break
+              elseif string.find(vscopes, '=', 1, true) and string.find(string.match(vscopes, '^%a+'), 'y', 1, true) then
+                handover, done = true, true
+                break
+              end
             end
           end
         end
@@ -1749,11 +1749,10 @@ if not placed and tlog and cost == 1 then
       local vcost, vscopes, vten, _, vprio = lease_parse(rec)
       if vcost == 1 and movable(vscopes, vten) and vten ~= tenant and vprio <= prio then
         tags = tags or redis.call('ZMSCORE', FAIRQ, unpack(tokens)) -- at most K_FAIR
-      end
-      if vcost == 1 and movable(vscopes, vten) and vten ~= tenant and vprio <= prio and
-        (tonumber(tags[i]) or 0) > tag and room_for(s, vten, roomy) then
-        fv, fsv, fvt, fsc = page[2 * i - 1], s, vten, vscopes
-        break
+        if (tonumber(tags[i]) or 0) > tag and room_for(s, vten, roomy) then
+          fv, fsv, fvt, fsc = page[2 * i - 1], s, vten, vscopes
+          break
+        end
       end
     end
   end

@@ -895,7 +895,7 @@ func (c *modelCall) fairClaimed() {
 // rank r among the type log's pending reservations: from the first pending at the r-th
 // one's instant, the first of K_FAIR that is another tenant's cost-1 reservation with the
 // same scopes and a later tag, after now and before t, where the event's other logs have
-// room; else the first such among the reservations of the next K_FAIR tags. The displaced
+// room; else the earliest such among the reservations of the next K_FAIR tags. The displaced
 // reservation goes to its own earliest instant.
 func (c *modelCall) fairSwap(tag, t int64) bool {
 	tl := c.typeLog
@@ -915,7 +915,8 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 		if s >= t {
 			break
 		}
-		if c.fairVictim(pend[i], s, tag) {
+		if c.canGive(pend[i], s, tag) {
+			c.giveSlot(pend[i], s)
 			return true
 		}
 	}
@@ -944,16 +945,6 @@ func (c *modelCall) fairSwap(tag, t int64) bool {
 		return true
 	}
 	return false
-}
-
-// fairVictim displaces the reservation pm, pending at s on the type log, if it can give
-// its slot to this event of tag (canGive).
-func (c *modelCall) fairVictim(pm string, s, tag int64) bool {
-	if !c.canGive(pm, s, tag) {
-		return false
-	}
-	c.giveSlot(pm, s)
-	return true
 }
 
 // canGive: the reservation pm, pending at s on the type log, can give its slot to this
