@@ -112,8 +112,11 @@
 -- Returns {code, count, retry_after_ms, at_ms, binding, server_ms}: code = allowed (1) +
 --   replay (2) + skewed (4) + reserved (8) + held (16) + paused (32); at_ms is the instant decided at,
 --   the admission's own when allowed; retry_after_ms counts from the caller's now_ms;
---   count is the binding quota's (1-based; 1 if omitted) in the window ending at at_ms;
---   server_ms is 0 (or omitted) when TIME was not read.
+--   binding is the quota (1-based; 1 if omitted) that decided: when allowed, the one
+--   with the fewest slots left; else the first with no room a millisecond before the
+--   earliest instant the event fits at (the one that holds it back until then), else the
+--   first with none at now; count is its
+--   slots in the window ending at at_ms; server_ms is 0 (or omitted) when TIME was not read.
 -- ARGV for a release: 1 "r"   2 token; KEYS[1]: LEASES. Returns 1 if the token held a
 --   reservation, else 0.
 -- ARGV for a pause: 1 "p"   2 its end, ms   3 now_ms; KEYS[1]: the log. Returns 0 (nothing
@@ -284,12 +287,13 @@ repeat
     lower[i] = now == caller and ARGV[5 + 3 * i] or string.format('%d', now - win[i])
     lo[i] = redis.call('ZCOUNT', KEYS[j], '(' .. lower[i], '+inf')
     if lo[i] >= lim[i] then
-      binding = binding or i
-      -- The k-th entry of the window, by rank, k = lo + 1 - limit.
+      -- The k-th entry of the window, by rank, k = lo + 1 - limit. The binding quota is
+      -- the first whose k-th entry leaves last: with nothing ahead, the first with no room
+      -- at t - 1, as general's.
       local r = sent[j] + redis.call('ZCOUNT', KEYS[j], FLOOR, lower[i]) + lo[i] - lim[i]
       local e = redis.call('ZRANGE', KEYS[j], r, r, 'WITHSCORES')[2] + win[i]
       if e > t then
-        t = e
+        binding, t = i, e
       end
     end
   end
@@ -815,16 +819,20 @@ local function exact(log, q, t, c)
   return true
 end
 
--- fits reports whether cost c fits at t (>= the call's now) in every quota of the log. It
--- leaves in q.lo the slots taken in the window ending at t, for the reply.
+-- q_fits reports whether cost c fits at t in quota q of log: the two bounds, then the
+-- exact check. It leaves in q.lo the slots taken in the window ending at t, for the reply.
+local function q_fits(log, q, t, c)
+  local lo = sum(log, t - q.w, t)
+  q.lo, q.lo_at = lo, t
+  if lo + c > q.limit then
+    return false
+  end
+  return not (log.hiw > t and sum(log, t - q.w, t + q.w - 1) + c > q.limit and not exact(log, q, t, c))
+end
+-- fits reports whether cost c fits at t (>= the call's now) in every quota of the log.
 local function fits(log, t, c)
   for _, q in ipairs(log.q) do
-    local lo = sum(log, t - q.w, t)
-    q.lo, q.lo_at = lo, t
-    if lo + c > q.limit then
-      return false
-    end
-    if log.hiw > t and sum(log, t - q.w, t + q.w - 1) + c > q.limit and not exact(log, q, t, c) then
+    if not q_fits(log, q, t, c) then
       return false
     end
   end
@@ -1684,15 +1692,28 @@ if prio > 0 and cost == 1 and token ~= '' then
   end
 end
 
--- The binding quota of a denial: the first with no room at now.
+-- The binding quota of a denial (or reservation) at t: the first with no room at t - 1,
+-- the quota that holds the event back until t (with one quota full for a second and
+-- another for a minute, the minute's: its retry-after is the minute's); else, as when a
+-- weighted event is placed later than it fits, the first with no room at now.
 local binding = nil
+if t > now and #quotas > 1 then -- one quota binds alone
+  for i, q in ipairs(quotas) do
+    if not q_fits(q.log, q, t - 1, cost) then
+      binding = i
+      break
+    end
+  end
+end
 for i, q in ipairs(quotas) do
+  if binding then
+    break
+  end
   if q.lo_at ~= now then
     q.lo, q.lo_at = sum(q.log, now - q.w, now), now
   end
   if q.lo + cost > q.limit then
     binding = i
-    break
   end
 end
 if not binding then

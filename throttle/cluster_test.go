@@ -114,7 +114,8 @@ func TestLimiter_AllowAtCluster(t *testing.T) {
 
 	// Type 3/1s and tenant 2/1s: two window logs in one script call. A denial by one quota
 	// takes nothing from the other. An admission names the quota with the fewest slots
-	// left (the first on ties), a denial the first with no room at its instant.
+	// left (the first on ties), a denial the first with no room a millisecond before the
+	// instant it waits for.
 	t.Run("TenantAndTypeQuotas", func(t *testing.T) {
 		t.Parallel()
 		topologyRun(t, both, "api:call", tenantAndTypeQuotas, tenantAndTypeScenario())

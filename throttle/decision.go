@@ -17,8 +17,12 @@ type Decision struct {
 	// Replay reports that the request's Member was already admitted, so nothing was
 	// written: a retried call never takes a second slot.
 	Replay bool
-	// Quota is the quota that decided: on a denial the first with no room at the decision
-	// instant; when allowed the one with the fewest slots left in its window ending at At.
+	// Quota is the quota that decided. On a denial, the one that holds the event back
+	// until RetryAt: the first (in Request.Quotas order) with no room a millisecond
+	// before that instant, so that with type=4/1s and tenant=3/1m both full, a wait of a
+	// minute names the tenant's quota (else, as for a weighted event placed after the
+	// instant it first fits at, the first with no room at the decision instant). When
+	// allowed, the one with the fewest slots left in its window ending at At.
 	Quota Quota
 	// Count is the number of slots in use in Quota's window ending at At, after this call.
 	Count int

@@ -663,9 +663,9 @@ func TestLimiter_AllowAt_typeDenialConsumesNoTenantQuota(t *testing.T) {
 }
 
 // TestLimiter_AllowAt_twoWindowsOneLog: 10/1s and 15/1m per tenant share one log; a
-// denial waits until every quota has room. The quota it names is the first (in the
-// request's order) with no room at the decision instant (v1 named the one that needed
-// the longest wait). Logs are trimmed at the high-water instant minus the longest window:
+// denial waits until every quota has room. The quota it names is the one that needs the
+// longest wait: the first (in the request's order) with no room a millisecond before the
+// instant it waits for, whichever is listed first. Logs are trimmed at the high-water instant minus the longest window:
 // v1's trim grace of 2s kept entries for 2s longer.
 func TestLimiter_AllowAt_twoWindowsOneLog(t *testing.T) {
 	t.Parallel()
@@ -683,10 +683,10 @@ func TestLimiter_AllowAt_twoWindowsOneLog(t *testing.T) {
 		wantZCard int64
 	}{
 		{
-			// Both windows are full at 5010: the first listed names the denial. 1s:
+			// Both windows are full at 5010; the later room names the denial. 1s:
 			// 5000+1000-5010 = 990; 1m: 0+60000-5010 = 54990, the later.
 			name: "MinuteBinds", quotas: []throttle.Quota{perSec, perMin}, burst: 5000, at: 5010,
-			want:     outcome{Quota: perSec, Count: 10, RetryAfter: msd(54990), At: 5010},
+			want:     outcome{Quota: perMin, Count: 15, RetryAfter: msd(54990), At: 5010},
 			wantLast: perMin, wantZCard: 15, // 1..4, 5000..5009, 60000: 0 is trimmed at 60000
 		},
 		{
@@ -702,7 +702,7 @@ func TestLimiter_AllowAt_twoWindowsOneLog(t *testing.T) {
 		},
 		{
 			name: "SecondBindsListedLast", quotas: []throttle.Quota{perMin, perSec}, burst: 59500, at: 59510,
-			want:     outcome{Quota: perMin, Count: 15, RetryAfter: msd(990), At: 59510},
+			want:     outcome{Quota: perSec, Count: 10, RetryAfter: msd(990), At: 59510},
 			wantLast: perSec, wantZCard: 11,
 		},
 	}

@@ -213,18 +213,26 @@ func costOf(name string) int {
 // bounds and K_SCAN).
 func (cl *callLog) fits(t int64, c int) bool {
 	for _, q := range cl.q {
-		lo := cl.st.entries.sum(t-q.w, t)
-		q.lo, q.loAt, q.measuredOnce = lo, t, true
-		if lo+c > q.limit {
+		if !cl.qfits(q, t, c) {
 			return false
 		}
-		if hi := cl.st.entries.sum(t-q.w, t+q.w-1); hi+c > q.limit {
-			cl.m.notes["exactCheck"]++
-			if !cl.exact(q, t, c) {
-				return false
-			}
-			cl.m.notes["exactCheckRoom"]++
+	}
+	return true
+}
+
+// qfits: cost c fits at t in quota q of the log, as fits checks each.
+func (cl *callLog) qfits(q *modelQuota, t int64, c int) bool {
+	lo := cl.st.entries.sum(t-q.w, t)
+	q.lo, q.loAt, q.measuredOnce = lo, t, true
+	if lo+c > q.limit {
+		return false
+	}
+	if hi := cl.st.entries.sum(t-q.w, t+q.w-1); hi+c > q.limit {
+		cl.m.notes["exactCheck"]++
+		if !cl.exact(q, t, c) {
+			return false
 		}
+		cl.m.notes["exactCheckRoom"]++
 	}
 	return true
 }
@@ -781,7 +789,7 @@ func (c *modelCall) run() modelOutcome {
 			return modelOutcome{allowed: true, at: pv.s, admittedBinding: true, held: held}
 		}
 	}
-	binding := c.denyingQuota()
+	binding := c.denyingQuota(t)
 	if c.token == "" {
 		return modelOutcome{held: held, binding: binding, countAt: c.now, at: c.now, retry: t - c.caller}
 	}
@@ -827,9 +835,28 @@ func (c *modelCall) run() modelOutcome {
 	return modelOutcome{reserved: true, held: held, binding: binding, countAt: c.now, at: c.now, retry: t - c.caller}
 }
 
-// denyingQuota: the first quota with no room in its window ending at now, else the first
+// denyingQuota: of a denial or reservation decided at t with several quotas, the first
+// quota with no room at t - 1 (the one that holds the event back until t); else the first
+// with no room in its window ending at now, else the first whose log has no room at now
+// in a window after it, else the first.
+func (c *modelCall) denyingQuota(t int64) int {
+	atNow := c.fullAtNow()
+	if t > c.now && len(c.quotas) > 1 {
+		for i, q := range c.quotas {
+			if !c.quotaLog[i].qfits(q, t-1, c.cost) {
+				if i != atNow {
+					c.m.notes["boundUntilT"]++ // another quota than the first full at now
+				}
+				return i
+			}
+		}
+	}
+	return atNow
+}
+
+// fullAtNow: the first quota with no room in its window ending at now, else the first
 // whose log has no room at now in a window after it, else the first.
-func (c *modelCall) denyingQuota() int {
+func (c *modelCall) fullAtNow() int {
 	for i, q := range c.quotas {
 		if c.quotaLog[i].st.entries.sum(c.now-q.w, c.now)+c.cost > q.limit {
 			return i

@@ -42,7 +42,8 @@ func TestLimiter_AllowAt_releasedSlotIsRefilled(t *testing.T) {
 // one-log path hands it over). Tenant A's log: A1 at 0, A2 at 9000, and R at 15001,
 // where a type quota of 1/15s (B's X at 1) put it. N, under the tenant quota 2/10s
 // alone, finds room in (0, 10000] but (5001, 15001] would hold A2, N and R: it reserves
-// the end slot, 19000 (A2 + 10s).
+// the end slot, 19000 (A2 + 10s). R names the type quota: the tenant's has room from
+// 10000, the type's only from 15001.
 func TestLimiter_AllowAt_holeNeedsExactCheck(t *testing.T) {
 	t.Parallel()
 	tenant := msQuota(throttle.ScopeTenant, 2, 10_000)
@@ -52,8 +53,8 @@ func TestLimiter_AllowAt_holeNeedsExactCheck(t *testing.T) {
 		{at: 0, tenant: "A", quotas: q, token: "A1"},
 		{at: 1, tenant: "B", quotas: []throttle.Quota{typ}, token: "X"},
 		{at: 9_000, tenant: "A", quotas: q, token: "A2", want: &modelDecision{Allowed: true, Quota: tenant, Count: 2, Remaining: 0, At: 9_000}},
-		{at: 9_001, tenant: "A", quotas: []throttle.Quota{tenant, typ}, token: "R", want: &modelDecision{Reserved: true, Quota: tenant,
-			Count: 2, Remaining: 0, RetryAfter: msDuration(6_000), At: 9_001}},
+		{at: 9_001, tenant: "A", quotas: []throttle.Quota{tenant, typ}, token: "R", want: &modelDecision{Reserved: true, Quota: typ,
+			Count: 1, Remaining: 0, RetryAfter: msDuration(6_000), At: 9_001}},
 		{at: 9_002, tenant: "A", quotas: q, token: "N", want: &modelDecision{Reserved: true, Quota: tenant, Count: 2, Remaining: 0,
 			RetryAfter: msDuration(9_998), At: 9_002}},
 	})

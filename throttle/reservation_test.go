@@ -561,8 +561,8 @@ func TestLimiter_AllowAt_reservationMultiQuota(t *testing.T) {
 	mustAdmit(t, l, throttle.Request{Key: a, Quotas: quotas}, 1050)
 	mustAdmit(t, l, throttle.Request{Key: b, Quotas: quotas}, 1200)
 
-	// The quota a denial names is the first with no room at the decision (v1 named the one
-	// whose room came last: yq for r3).
+	// The quota a reservation names is the one that holds it back until its instant: the
+	// first with no room a millisecond before it.
 	steps := []struct {
 		key        throttle.Key
 		id         string
@@ -570,9 +570,9 @@ func TestLimiter_AllowAt_reservationMultiQuota(t *testing.T) {
 		binding    throttle.Quota
 		count      int
 	}{
-		{a, "r1", 2000, tq, 2}, // tenant a: 1000 + 1s; type: 1000 + 1s
+		{a, "r1", 2000, tq, 2}, // tenant a: 1000 + 1s; type: 1000 + 1s; the first listed
 		{b, "r2", 2050, yq, 3}, // tenant b has room; type: 1050 + 1s
-		{a, "r3", 2200, tq, 2}, // tenant a: 1050 + 1s = 2050; type: 1200 + 1s = 2200, the later
+		{a, "r3", 2200, yq, 3}, // tenant a: 1050 + 1s = 2050; type: 1200 + 1s = 2200, the later
 	}
 	for _, s := range steps {
 		d := resvWantReserved(t, l, req(s.key, s.id), 1300, s.reservedAt)

@@ -159,7 +159,8 @@ var tenantAndTypeQuotas = []throttle.Quota{typeQuota(3, time.Second), tenantQuot
 
 // tenantAndTypeScenario is type 3/1s and tenant 2/1s: two window logs in one script call.
 // A denial by one quota takes nothing from the other; an admission names the quota with the
-// fewest slots left (the first on ties), a denial the first with no room at its instant.
+// fewest slots left (the first on ties), a denial the first with no room a millisecond
+// before the instant it waits for.
 func tenantAndTypeScenario() []topologyStep {
 	tq, nq := tenantAndTypeQuotas[0], tenantAndTypeQuotas[1]
 	admit := func(q throttle.Quota, count int, at int64) outcome {

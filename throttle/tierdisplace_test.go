@@ -13,7 +13,7 @@ import (
 // 0 and reserves B2 at 10000 and B3 at 20000; tenant A (a pro tier, tenant=10/1s) at 5000
 // ranks before B3 and takes its slot, and B3 moves to 30000, where B's hour still has
 // room. B1 still counts in B's windows until 3600000: B's next task reserves 3600000, not
-// 40000, the type's next slot. Before the fix, B3 moved under A's quota and B's log was
+// 40000, the type's next slot, and names B's hour, which holds it back. Before the fix, B3 moved under A's quota and B's log was
 // trimmed at A's 1s window: B1 was dropped, and B got 4 runs within an hour.
 func TestLimiter_AllowAt_fairDisplacementKeepsVictimsWindow(t *testing.T) {
 	t.Parallel()
@@ -31,6 +31,6 @@ func TestLimiter_AllowAt_fairDisplacementKeepsVictimsWindow(t *testing.T) {
 		{at: 0, tenant: "B", quotas: b, token: "B3", want: reserved(typ, 1, 20_000, 0)},
 		// A's tag (1 unit) ranks it second, at B3's slot, before its own earliest (30000).
 		{at: 5_000, tenant: "A", quotas: a, token: "A1", want: reserved(typ, 1, 15_000, 5_000)},
-		{at: 5_001, tenant: "B", quotas: b, token: "B4", want: reserved(typ, 1, 3_594_999, 5_001)},
+		{at: 5_001, tenant: "B", quotas: b, token: "B4", want: reserved(free, 1, 3_594_999, 5_001)},
 	})
 }
