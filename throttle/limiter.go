@@ -356,11 +356,11 @@ func (l *Limiter) PauseAt(ctx context.Context, key Key, scope Scope, until, now 
 	}
 	u := until.UnixMilli()
 	if u < 0 || u >= maxMS {
-		return fmt.Errorf("%w: pause of %s for tenant %s until %s: outside 1970-2109", ErrInvalid,
-			quote.Name(key.TaskType), quote.Quote(key.Tenant), until.UTC().Format(time.RFC3339Nano))
+		return fmt.Errorf("%w: pause of %s until %s: outside 1970-2109", ErrInvalid,
+			logOf(key, scope), until.UTC().Format(time.RFC3339Nano))
 	}
 	if err := lua.SlidingWindow.Run(ctx, l.run, []string{redisKey(l.prefix, key, scope)}, "p", u, now.UnixMilli()).Err(); err != nil {
-		return fmt.Errorf("throttle: pause %s for tenant %s: %w", quote.Name(key.TaskType), quote.Quote(key.Tenant), err)
+		return fmt.Errorf("throttle: pause %s: %w", logOf(key, scope), err)
 	}
 	return nil
 }
@@ -373,7 +373,7 @@ func (l *Limiter) Resume(ctx context.Context, key Key, scope Scope) (bool, error
 	}
 	n, err := lua.SlidingWindow.Run(ctx, l.run, []string{redisKey(l.prefix, key, scope)}, "u").Int64()
 	if err != nil {
-		return false, fmt.Errorf("throttle: resume %s for tenant %s: %w", quote.Name(key.TaskType), quote.Quote(key.Tenant), err)
+		return false, fmt.Errorf("throttle: resume %s: %w", logOf(key, scope), err)
 	}
 	return n == 1, nil
 }
@@ -390,9 +390,18 @@ func (l *Limiter) PausedUntil(ctx context.Context, key Key, scope Scope) (time.T
 		return time.Time{}, false, nil
 	}
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("throttle: pause of %s for tenant %s: %w", quote.Name(key.TaskType), quote.Quote(key.Tenant), err)
+		return time.Time{}, false, fmt.Errorf("throttle: pause of %s: %w", logOf(key, scope), err)
 	}
 	return time.UnixMilli(int64(s) + 1<<51), true, nil
+}
+
+// logOf names key's window log at scope in an error: `api:call for tenant "acme"`, or
+// `api:call (the type's log)`, whose tenant does not matter.
+func logOf(key Key, scope Scope) string {
+	if scope == ScopeType {
+		return quote.Name(key.TaskType) + " (the type's log)"
+	}
+	return quote.Name(key.TaskType) + " for tenant " + quote.Quote(key.Tenant)
 }
 
 // Reservation is a reservation held on a task type's logs, as Limiter.Reservations lists it.

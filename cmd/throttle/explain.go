@@ -151,6 +151,8 @@ func runExplain(e *env, args []string) int {
 	case errors.Is(err, throttle.ErrCostOverLimit):
 		j.Never = true
 		return printExplain(e, j)
+	case errors.Is(err, throttle.ErrInvalid): // sent nothing: -at outside 1970-2109, say
+		return e.fail(exitUsage, "explain: %v", err)
 	case err != nil:
 		return e.fail(exitRedis, "explain: %v", err)
 	}

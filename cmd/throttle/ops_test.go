@@ -300,7 +300,7 @@ in:call: rule in:call tenant=3/10s tenant=5/1m type=10/1s (default rule); 1 rese
 func TestPauseResume(t *testing.T) {
 	srv := redistest.StartServer(t)
 	rdb := srv.Client()
-	setEnv(t, "REDIS_ADDR", srv.Addr, "THROTTLE_RULES", "pr:call tenant=5/1s type=50/1s; tt:call type=5/1s")
+	setEnv(t, "REDIS_ADDR", srv.Addr, "THROTTLE_RULES", "pr:call tenant=5/1s type=50/1s; tt:call type=5/1s; sh:call tenant=5/1s mode=shadow")
 	ctx := context.Background()
 	lim, err := throttle.New(rdb, throttle.Config{})
 	if err != nil {
@@ -359,7 +359,11 @@ func TestPauseResume(t *testing.T) {
 		`throttle: pause: the rule "tt:call type=5/1s" (default rule) has no tenant= quota for tenant "acme": its tasks are not decided on the tenant's log, so the pause would do nothing; pause the task type (no -tenant) instead`+"\n")
 	wantRun(t, []string{"pause", "-type", "none:call", "-for", "1m"}, exitRejected, "",
 		"throttle: pause: task type none:call has no rule: its tasks are not throttled, so a pause would do nothing\n")
-	for _, k := range []throttle.Key{{TaskType: "tt:call", Tenant: "acme"}, {TaskType: "none:call"}} {
+	// A shadow rule's tasks run whatever the limiter says (trial 4 was told they would be
+	// denied, and saw them run).
+	wantRun(t, []string{"pause", "-type", "sh:call", "-tenant", "acme", "-for", "1m"}, exitRejected, "",
+		`throttle: pause: the rule "sh:call tenant=5/1s mode=shadow" (default rule) is a dry run: its tasks run whatever the limiter decides, so the pause would do nothing; set mode=enforce to pause them`+"\n")
+	for _, k := range []throttle.Key{{TaskType: "tt:call", Tenant: "acme"}, {TaskType: "none:call"}, {TaskType: "sh:call", Tenant: "acme"}} {
 		for _, s := range []throttle.Scope{throttle.ScopeTenant, throttle.ScopeType} {
 			if _, ok, err := lim.PausedUntil(ctx, k, s); err != nil || ok {
 				t.Errorf("%+v at %s: paused %v (%v) after a refused pause", k, s, ok, err)
@@ -378,6 +382,13 @@ func TestPauseResume(t *testing.T) {
 		{[]string{"pause", "-type", "pr:call", "-until", "2020-01-01T00:00:00Z"}, "throttle: pause: -until 2020-01-01T00:00:00Z is not in the future\n"},
 		{[]string{"pause", "-type", "pr:call", "-until", "tomorrow"}, "throttle: pause: invalid value \"tomorrow\" for flag -until: want an RFC 3339 instant, e.g. 2026-12-01T12:00:00Z\nRun 'throttle pause -h' for usage.\n"},
 		{[]string{"resume", "-tenant", "acme"}, "throttle: resume: -type is required\n"},
+		// Past what the limiter's scores hold: bad arguments (exit 2), not a Redis failure.
+		{[]string{"pause", "-type", "pr:call", "-until", "2300-01-01T00:00:00Z"},
+			"throttle: pause: throttle: invalid request: pause of pr:call (the type's log) until 2300-01-01T00:00:00Z: outside 1970-2109\n"},
+		{[]string{"pause", "-type", "pr:call", "-tenant", "acme", "-until", "2300-01-01T00:00:00Z"},
+			"throttle: pause: throttle: invalid request: pause of pr:call for tenant \"acme\" until 2300-01-01T00:00:00Z: outside 1970-2109\n"},
+		{[]string{"explain", "-type", "pr:call", "-tenant", "acme", "-at", "2200-01-01T00:00:00Z"},
+			"throttle: explain: throttle: invalid request: pr:call for tenant \"acme\": instant 2200-01-01T00:00:00Z is outside 1970-2109\n"},
 	} {
 		wantRun(t, tc.args, exitUsage, "", tc.want)
 	}

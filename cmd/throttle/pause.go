@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/asynq-throttle/asynq-throttle/throttle"
+	"github.com/asynq-throttle/asynq-throttle/worker"
 )
 
 var pauseCommand = command{
@@ -36,7 +37,8 @@ tasks the pause denied come back within a minute. A task whose own 429 made the 
 (worker.Backpressure) is not one of them: it waits for its Retry-After (at most 1h).
 
 A task is decided only on the logs of its rule's quotas: a tenant pause does nothing if
-T's rule has no tenant= quota, a type pause nothing if it has no type= quota. When the
+T's rule has no tenant= quota, a type pause nothing if it has no type= quota, and
+neither under a mode=shadow rule (its tasks run anyway). When the
 rule is known (-rules, THROTTLE_RULES, or a type override stored by throttle limits),
 pause refuses such a pause (exit 3); when it is not, it says it could not check.
 
@@ -111,7 +113,9 @@ func runPause(e *env, args []string) int {
 	if lim == nil {
 		return code
 	}
-	if err := lim.Pause(e.ctx, key, scope, end); err != nil {
+	if err := lim.Pause(e.ctx, key, scope, end); errors.Is(err, throttle.ErrInvalid) { // an end outside 1970-2109
+		return e.fail(exitUsage, "pause: %v", err)
+	} else if err != nil {
 		return e.fail(exitRedis, "pause: %v", err)
 	}
 	inForce, _, err := lim.PausedUntil(e.ctx, key, scope)
@@ -143,6 +147,10 @@ func pauseEffect(rs ruleSet, key throttle.Key, scope throttle.Scope) string {
 	}
 	if !ok {
 		return fmt.Sprintf("task type %s has no rule: its tasks are not throttled, so a pause would do nothing", display(key.TaskType))
+	}
+	if eff.Rule.Mode == worker.ModeShadow { // the middleware runs a denied task anyway
+		return fmt.Sprintf("the rule %q (%s) is a dry run: its tasks run whatever the limiter decides, so the pause would do nothing; set mode=enforce to pause them",
+			eff.Rule.String(), eff.RuleFrom)
 	}
 	if len(quotasAt(eff.Rule.Quotas, scope)) > 0 {
 		return ""
