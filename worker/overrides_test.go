@@ -219,6 +219,9 @@ func TestOverrideStore(t *testing.T) {
 		{worker.OverrideTenant, "acme", "weight=-1", worker.ErrInvalidOverride, "want one weight="},
 		{worker.OverrideTenantTier, "acme", "gold", worker.ErrTierNotFound, `tenant "acme" cannot be assigned to tier "gold", which does not exist`},
 		{"tenants", "acme", "weight=2", worker.ErrInvalidOverride, `unknown kind "tenants"`},
+		{worker.OverrideTenant, strings.Repeat("q", 1025), "weight=2", worker.ErrInvalidOverride,
+			`1025 bytes, more than throttle.MaxTenantBytes (1024): its tasks are never decided`},
+		{worker.OverrideTenantTier, strings.Repeat("q", 1025), "pro", worker.ErrInvalidOverride, "more than throttle.MaxTenantBytes"},
 	}
 	for _, r := range rejected {
 		_, err := s.Set(ctx, r.kind, r.name, r.text)

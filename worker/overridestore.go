@@ -254,6 +254,12 @@ func Canonical(kind OverrideKind, name, text string) (string, error) {
 	if !knownKind(kind) {
 		return "", fmt.Errorf("%w: unknown kind %q; want type, tier, tenant or tenant-tier", ErrInvalidOverride, kind)
 	}
+	if (kind == OverrideTenant || kind == OverrideTenantTier) && len(name) > throttle.MaxTenantBytes {
+		// The limiter refuses such a tenant (throttle.ErrInvalid): its tasks are archived,
+		// never decided, so an override for it could never apply.
+		return "", fmt.Errorf("%w: %s %s: %d bytes, more than throttle.MaxTenantBytes (%d): its tasks are never decided",
+			ErrInvalidOverride, kind, quote.Quote(name), len(name), throttle.MaxTenantBytes)
+	}
 	if err := o.add(kind, name, text); err != nil {
 		return "", fmt.Errorf("%w: %s %s: %s", ErrInvalidOverride, kind, quote.Quote(name), strings.TrimPrefix(err.Error(), "worker: "))
 	}

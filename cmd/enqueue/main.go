@@ -71,6 +71,10 @@ const (
 	exitEnqueue = 1 // an enqueue failed
 	exitUsage   = 2 // bad flags or environment
 	exitRefused = 3 // ENQUEUE_QUOTA refused some tasks; every other was enqueued
+
+	// maxTasks bounds -n times the tenants: a CLI to try the throttle with, where a typo
+	// of a few digits would otherwise queue billions of tasks (or overflow the count).
+	maxTasks = 10_000_000
 )
 
 func main() {
@@ -198,6 +202,8 @@ func loadEnv() (env, error) {
 	switch {
 	case e.TenantHeader == "":
 		return env{}, errors.New(`THROTTLE_TENANT_HEADER="": must not be empty`)
+	case !utf8.ValidString(e.TenantHeader): // asynq cannot encode it (producer.CheckTask)
+		return env{}, fmt.Errorf("THROTTLE_TENANT_HEADER=%s: is not valid UTF-8, which asynq cannot encode", quote.Quote(e.TenantHeader))
 	case e.Prefix == "":
 		return env{}, errors.New(`THROTTLE_PREFIX="": must not be empty`)
 	case strings.ContainsAny(e.Prefix, "{}"):
@@ -291,12 +297,19 @@ func parseFlags(args []string) (config, error) {
 	if strings.TrimSpace(c.taskType) == "" {
 		return config{}, fmt.Errorf("-type %q: must not be empty", c.taskType)
 	}
+	if !utf8.ValidString(c.taskType) { // asynq cannot encode it (producer.CheckTask)
+		return config{}, fmt.Errorf("-type %s: is not valid UTF-8, which asynq cannot encode", quote.Quote(c.taskType))
+	}
 	var err error
 	if c.tenants, err = splitTenants(tenants); err != nil {
 		return config{}, fmt.Errorf("-tenants %s: %w", quote.Quote(tenants), err)
 	}
 	if c.perTenant < 1 {
 		return config{}, fmt.Errorf("-n %d: must be at least 1", c.perTenant)
+	}
+	if c.perTenant > maxTasks/len(c.tenants) { // a typo, and past it the total overflows
+		return config{}, fmt.Errorf("-n %d: %d tenants x %d tasks is more than %d; enqueue from your own code (package producer) for more",
+			c.perTenant, len(c.tenants), c.perTenant, maxTasks)
 	}
 	if strings.TrimSpace(c.queue) == "" {
 		return config{}, fmt.Errorf("-queue %q: must not be empty", c.queue)

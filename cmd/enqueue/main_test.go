@@ -48,6 +48,11 @@ func TestParseFlags(t *testing.T) {
 			want: func() config { c := defaults; c.payload = []byte{}; return c }(),
 		},
 		{
+			name: "NMost", // 3 tenants x 3,333,333: under 10,000,000 in all (NTooMany: over)
+			args: []string{"-n", "3333333"},
+			want: func() config { c := defaults; c.perTenant = 3_333_333; return c }(),
+		},
+		{
 			name: "MaxRetryAsynqDefault",
 			args: []string{"-max-retry", "-1"},
 			want: func() config { c := defaults; c.maxRetry = -1; return c }(),
@@ -64,6 +69,12 @@ func TestParseFlags(t *testing.T) {
 		{name: "NNegative", args: []string{"-n", "-5"}, wantErr: `-n -5: must be at least 1`},
 		{name: "NNotANumber", args: []string{"-n", "many"}, wantErr: `invalid value "many" for flag -n: parse error`},
 		{name: "EmptyType", args: []string{"-type", " "}, wantErr: `-type " ": must not be empty`},
+		{name: "TypeNotUTF8", args: []string{"-type", "bad\xff"}, wantErr: `-type "bad\xff": is not valid UTF-8, which asynq cannot encode`},
+		// 10,000,000 in all at most: 3 tenants x 3,333,333 fit, x 3,333,334 do not; a count
+		// of 2^62 per tenant no longer wraps the total around.
+		{name: "NTooMany", args: []string{"-n", "3333334"}, wantErr: `-n 3333334: 3 tenants x 3333334 tasks is more than 10000000; enqueue from your own code (package producer) for more`},
+		{name: "NOverflows", args: []string{"-n", "4611686018427387904", "-tenants", "a,b,c,d"},
+			wantErr: `-n 4611686018427387904: 4 tenants x 4611686018427387904 tasks is more than 10000000; enqueue from your own code (package producer) for more`},
 		{name: "EmptyQueue", args: []string{"-queue", ""}, wantErr: `-queue "": must not be empty`},
 		{name: "MaxRetryBelowMinusOne", args: []string{"-max-retry", "-2"}, wantErr: `-max-retry -2: must be -1 (asynq's default) or at least 0`},
 		{name: "RetentionNegative", args: []string{"-retention", "-1s"}, wantErr: `-retention -1s: must not be negative`},
@@ -448,6 +459,10 @@ func TestRun_usageErrors(t *testing.T) {
 		{
 			name: "EmptyTenantHeader", addr: "127.0.0.1:6379", env: map[string]string{"THROTTLE_TENANT_HEADER": ""}, wantCode: exitUsage,
 			wantStderr: "enqueue: THROTTLE_TENANT_HEADER=\"\": must not be empty\n",
+		},
+		{
+			name: "TenantHeaderNotUTF8", addr: "127.0.0.1:6379", env: map[string]string{"THROTTLE_TENANT_HEADER": "h\xff"}, wantCode: exitUsage,
+			wantStderr: "enqueue: THROTTLE_TENANT_HEADER=\"h\\xff\": is not valid UTF-8, which asynq cannot encode\n",
 		},
 		{
 			name: "PrefixWithBrace", addr: "127.0.0.1:6379", env: map[string]string{"THROTTLE_PREFIX": "a{b"}, wantCode: exitUsage,
