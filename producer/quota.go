@@ -270,7 +270,7 @@ var ErrQuotaExceeded = errors.New("producer: enqueue quota exceeded")
 type QuotaError struct {
 	TaskType string
 	Tenant   string
-	Quota    throttle.Quota // the quota with no room
+	Quota    throttle.Quota // the quota with no room that holds it back longest (throttle.Decision.Quota)
 	// RetryAfter is how long after the check, at least 1ms, every quota of the task will
 	// have room again if nothing else is enqueued meanwhile: for a full ScopeTenant quota
 	// of 10,000 per 24h, until the oldest of its 10,000 enqueues is 24h old.
@@ -307,8 +307,8 @@ func ParseQuotas(s string) ([]throttle.Quota, error) {
 	var qs []throttle.Quota
 	for _, f := range strings.Fields(s) {
 		scope, limit, ok := strings.Cut(f, "=")
-		if !ok {
-			return nil, fmt.Errorf("producer: quotas %q: %q: want scope=events/window, e.g. tenant=10000/24h", s, f)
+		if !ok || scope == "" || limit == "" { // "tenant = 5/1s" splits into three fields
+			return nil, fmt.Errorf("producer: quotas %q: %q: want scope=events/window, with no space around '=', e.g. tenant=10000/24h", s, f)
 		}
 		q := throttle.Quota{Scope: throttle.ScopeTenant}
 		switch scope {

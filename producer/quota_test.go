@@ -215,8 +215,9 @@ func TestEnqueuer_severalQuotas(t *testing.T) {
 		{10 * time.Second, "initech", nil},
 		// The type's quota is full (4): until its first is 1h old.
 		{11 * time.Second, "initech", &producer.QuotaError{Quota: perType, RetryAfter: time.Hour - 11*time.Second, RetryAt: at(time.Hour)}},
-		// Both are full for acme: it names the first, and waits until both have room.
-		{20 * time.Second, "acme", &producer.QuotaError{Quota: perTenant, RetryAfter: time.Hour - 20*time.Second, RetryAt: at(time.Hour)}},
+		// Both are full for acme: it waits until both have room, and names the type's
+		// hour, which holds it back that long (the minute has room from 01:00).
+		{20 * time.Second, "acme", &producer.QuotaError{Quota: perType, RetryAfter: time.Hour - 20*time.Second, RetryAt: at(time.Hour)}},
 		// Only the type's is full for acme now.
 		{time.Minute, "acme", &producer.QuotaError{Quota: perType, RetryAfter: time.Hour - time.Minute, RetryAt: at(time.Hour)}},
 		// The refusals took no slot: at 01:00 the type's first (00:00:00) has left, one fits.
@@ -566,7 +567,8 @@ func TestParseQuotas(t *testing.T) {
 			tenantQuota(100, time.Minute), tenantQuota(10000, 24*time.Hour),
 			{Scope: throttle.ScopeType, Limit: throttle.Limit{Events: 1000000, Window: 24 * time.Hour}}}},
 		{in: "", wantErr: `producer: quotas "": no quota; want e.g. tenant=10000/24h`},
-		{in: "10000/24h", wantErr: `producer: quotas "10000/24h": "10000/24h": want scope=events/window, e.g. tenant=10000/24h`},
+		{in: "10000/24h", wantErr: `producer: quotas "10000/24h": "10000/24h": want scope=events/window, with no space around '=', e.g. tenant=10000/24h`},
+		{in: "tenant = 5/1s", wantErr: `producer: quotas "tenant = 5/1s": "tenant": want scope=events/window, with no space around '=', e.g. tenant=10000/24h`},
 		{in: "org=5/1s", wantErr: `producer: quotas "org=5/1s": "org=5/1s": unknown scope "org"; want tenant or type`},
 		{in: "tenant=5/1d", wantErr: `producer: quotas "tenant=5/1d": "tenant=5/1d": throttle: limit "5/1d": window "1d" is not a Go duration such as 2s, 1m or 1h`},
 		{in: "tenant=0/1h", wantErr: `producer: quotas "tenant=0/1h": "tenant=0/1h": throttle: limit "0/1h": events must be at least 1, got 0`},

@@ -309,8 +309,8 @@ func ParseRules(s string) ([]Rule, error) {
 // parseQuota reads "scope=events/window".
 func parseQuota(s string) (throttle.Quota, error) {
 	scope, limit, ok := strings.Cut(s, "=")
-	if !ok {
-		return throttle.Quota{}, fmt.Errorf("quota %q: want scope=events/window, e.g. tenant=5/2s", s)
+	if !ok || scope == "" || limit == "" { // "tenant = 5/1s" splits into three fields
+		return throttle.Quota{}, fmt.Errorf("quota %q: want scope=events/window, with no space around '=', e.g. tenant=5/2s", s)
 	}
 	var q throttle.Quota
 	switch scope {
