@@ -377,7 +377,7 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 	}
 	slot := m.slots.take() // may wait for a slot ahead; given back after the wait
 	req := m.request(ctx, task, key, eff, cost, slot)
-	d, err := m.allow(ctx, req)
+	d, asked, err := m.allow(ctx, req)
 	if slot && (err != nil || !d.Allowed) {
 		m.slots.give()
 	}
@@ -399,7 +399,7 @@ func (m *middleware) process(ctx context.Context, task *asynq.Task, next asynq.H
 		m.observe(ctx, task, key, d)
 	}
 	if d.Allowed {
-		return m.run(ctx, task, next, key, d, slot)
+		return m.run(ctx, task, next, key, d, asked, slot)
 	}
 	if reason := m.overdue(ctx, rule, d); reason != "" {
 		return m.giveUp(ctx, task, next, rule, req, reason)
@@ -485,13 +485,16 @@ func (m *middleware) weightFor(key throttle.Key, eff Effective) int {
 // positive and read: ServerTime set, no SkewFallback): it starts at its logged instant on
 // Redis's clock, which every worker's admissions agree with.
 //
+// The wait counts from asked, when the call that decided was made (Delay is At less the
+// call's own instant), so a slow reply shortens it rather than making the task start late.
+//
 // slot says that the task holds a waiting slot (see waitSlots): run gives it back when the
 // wait is over, before the handler starts. A task without one was asked for now only, so
 // its Delay is at most the few ms by which its clock is behind the log's; it sits that
 // and its skew out all the same (starting earlier would break the window), uncounted in
 // TasksWaiting, which counts the holders of waiting slots.
-func (m *middleware) run(ctx context.Context, task *asynq.Task, next asynq.Handler, key throttle.Key, d throttle.Decision, slot bool) error {
-	wait := d.Delay
+func (m *middleware) run(ctx context.Context, task *asynq.Task, next asynq.Handler, key throttle.Key, d throttle.Decision, asked time.Time, slot bool) error {
+	wait := max(d.Delay-time.Since(asked), 0)
 	if !d.ServerTime.IsZero() && !d.SkewFallback && d.Skew() > 0 {
 		wait += d.Skew()
 	}
@@ -645,11 +648,12 @@ const replayLateness = 100 * time.Millisecond
 // a limiter whose Redis is failing (see limiterHealth): any other returns errProbing at
 // once, before or after its first call. A task that gives up so after a call whose reply
 // was lost leaves the slot that call may have taken unused until it leaves the window:
-// the limit is never exceeded, a slot may be lost.
-func (m *middleware) allow(ctx context.Context, req throttle.Request) (throttle.Decision, error) {
+// the limit is never exceeded, a slot may be lost. It also returns when the call that
+// decided was made (monotonic): Decision.Delay counts from then, not from the reply.
+func (m *middleware) allow(ctx context.Context, req throttle.Request) (throttle.Decision, time.Time, error) {
 	call, probe := m.health.enter()
 	if !call {
-		return throttle.Decision{}, errProbing
+		return throttle.Decision{}, time.Time{}, errProbing
 	}
 	defer func() { m.health.leave(probe) }()
 	giveUp := m.now().Add(m.wait)
@@ -663,7 +667,7 @@ func (m *middleware) allow(ctx context.Context, req throttle.Request) (throttle.
 		d, err := m.lim.Allow(ctx, req)
 		m.metrics.called(req.Key.TaskType, CallAllow, start, err)
 		if errors.Is(err, throttle.ErrInvalid) { // sent nothing to Redis
-			return d, err
+			return d, start, err
 		}
 		if err == nil {
 			m.health.ok()
@@ -676,15 +680,15 @@ func (m *middleware) allow(ctx context.Context, req throttle.Request) (throttle.
 				req.Member, req.Fresh = throttle.NewMember(), true
 				continue
 			}
-			return d, nil
+			return d, start, nil
 		}
 		if !m.health.failed(ctx, &probe) || !m.now().Add(backoff).Before(giveUp) {
-			return d, err
+			return d, start, err
 		}
 		req.Fresh = false // the script may have decided it: a repeat is looked for
 		select {
 		case <-ctx.Done():
-			return d, err
+			return d, start, err
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, time.Second)
