@@ -17,9 +17,10 @@ type Decision struct {
 	// Replay reports that the request's Member was already admitted, so nothing was
 	// written: a retried call never takes a second slot.
 	Replay bool
-	// Quota is the quota that decided. On a denial, the one that holds the event back
-	// until RetryAt: the first (in Request.Quotas order) with no room a millisecond
-	// before that instant, so that with type=4/1s and tenant=3/1m both full, a wait of a
+	// Quota is the quota that decided. On a denial, the one that holds the event back:
+	// the first (in Request.Quotas order) with no room a millisecond before the earliest
+	// instant it fits at (RetryAt, unless a fair share or a priority gave its reservation
+	// an earlier slot held by another), so that with type=4/1s and tenant=3/1m both full, a wait of a
 	// minute names the tenant's quota (else, as for a weighted event placed after the
 	// instant it first fits at, the first with no room at the decision instant). When
 	// allowed, the one with the fewest slots left in its window ending at At.
