@@ -12,13 +12,15 @@
 //	explain  would a task of a type and tenant run now; if not, which quota denies it, until when, how many wait ahead
 //	pause    stop every task of a tenant (or of a task type) on every worker until an instant
 //	resume   lift a pause
-//	reset    clear a tenant's window log of a task type, or every key of a task type (asks first)
+//	reset    clear a tenant's window log of a task type, or every key of a task type (asks
+//	         first); -wake then runs the type's tasks that wait for the throttle now
 //
 // It reads the same environment as cmd/worker: REDIS_ADDR (default 127.0.0.1:6379; a
 // comma-separated list means Redis Cluster nodes, or Sentinels with REDIS_MASTER_NAME),
 // REDIS_MASTER_NAME, REDIS_PASSWORD, REDIS_DB (package redisenv), THROTTLE_PREFIX (default
-// "throttle", the workers' key prefix) and, to show what a tenant gets, THROTTLE_RULES (the
-// workers' default rules; unset: unknown; inspect, explain and pause also take -rules).
+// "throttle", the workers' key prefix), THROTTLE_TENANT_HEADER (default "tenant", for
+// reset -wake -tenant) and, to show what a tenant gets, THROTTLE_RULES (the workers'
+// default rules; unset: unknown; inspect, explain and pause also take -rules).
 //
 // Output is for people; -json (before or after the command) prints one JSON object on
 // stdout instead. Errors go to stderr as text, whatever -json says.
@@ -114,7 +116,8 @@ type vars struct {
 	// Prefix is the workers' key prefix, throttle.Config.Prefix.
 	Prefix string `envconfig:"THROTTLE_PREFIX" default:"throttle" desc:"Redis key prefix of the workers; no '{' or '}', and its last ':'-separated segment not 'enqueue' (producers' enqueue quotas live under <prefix>:enqueue:)"`
 	// Rules are the workers' default rules, read only to show what a tenant gets.
-	Rules string `envconfig:"THROTTLE_RULES" desc:"the workers' default rules, to show what a tenant gets; unset: unknown"`
+	TenantHeader string `envconfig:"THROTTLE_TENANT_HEADER" default:"tenant" desc:"the task header that names the tenant, as the workers'; reset -wake -tenant reads it"`
+	Rules        string `envconfig:"THROTTLE_RULES" desc:"the workers' default rules, to show what a tenant gets; unset: unknown"`
 
 	Redis redisenv.Config `ignored:"true"`
 }

@@ -8,6 +8,9 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/hibiken/asynq"
+
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 )
 
@@ -18,8 +21,8 @@ var resetCommand = command{
 }
 
 const resetUsage = `Usage:
-  throttle reset -type T -tenant X [-yes]    X's window log of T, with its pending: and costs: sets
-  throttle reset -type T [-yes]              every key of T: all its logs, leases, fair queue, locks
+  throttle reset -type T -tenant X [-wake] [-yes]    X's window log of T, with its pending: and costs: sets
+  throttle reset -type T [-wake] [-yes]              every key of T: all its logs, leases, fair queue, locks
 
 reset forgets what the throttle counted, so the tasks decided next find room: use it
 after a quota was set far too low, or to start a test over. With -tenant it first
@@ -27,8 +30,14 @@ releases the tenant's reservations of T (throttle.Limiter.Release, so that the t
 and the leases stay consistent), then deletes the tenant's log and the two sets beside
 it; a pause of that log goes with it. Without -tenant it deletes every key of T
 ("<prefix>:{T}:*"). Tasks waiting for a reservation that was deleted are decided afresh
-when they come back. It lists what it will delete and asks for confirmation on stdin
-(y or yes), unless -yes.
+when they come back, at the instants asynq holds for them: after a quota was raised, a
+rule made mode=shadow or deleted, they still come back one window's worth at a time.
+With -wake, reset then moves them back to their queues at once (asynq's Inspector,
+RunTask): every task of T (of tenant X, by THROTTLE_TENANT_HEADER, with -tenant) in the
+retry state whose last error is a throttle denial or pause, and every deferred copy
+("<id>:deferred:<n>", scheduled) of T; they are decided afresh under the rules in force.
+A task that got an upstream 429 itself (worker.Backpressure) keeps its Retry-After. It
+lists what it will delete and asks for confirmation on stdin (y or yes), unless -yes.
 
 What it forgets includes the window's admissions: in the window around a reset, up to
 twice the limit can run (those admitted before it, and a full window after it), so an
@@ -38,6 +47,7 @@ Flags:
   -json    print JSON on stdout
   -tenant  the tenant whose log to clear ('' is the tenant of untagged tasks)
   -type    the task type
+  -wake    then run T's tasks that wait for the throttle now (see above)
   -yes     do not ask
 `
 
@@ -46,7 +56,8 @@ type resetJSON struct {
 	TaskType string   `json:"task_type"`
 	Tenant   *string  `json:"tenant,omitempty"` // absent: every key of the type
 	Deleted  []string `json:"deleted"`
-	Released int      `json:"released"` // reservations released first (with -tenant)
+	Released int      `json:"released"`        // reservations released first (with -tenant)
+	Woken    *int     `json:"woken,omitempty"` // with -wake: tasks moved back to their queues
 }
 
 func runReset(e *env, args []string) int {
@@ -54,6 +65,7 @@ func runReset(e *env, args []string) int {
 	var tf targetFlags
 	tf.register(fs)
 	yes := fs.Bool("yes", false, "")
+	wake := fs.Bool("wake", false, "")
 	pos, err := parse(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(e.stdout, resetUsage+exitStatuses)
@@ -104,13 +116,16 @@ func runReset(e *env, args []string) int {
 	if scope == throttle.ScopeType {
 		target = "every key of task type " + display(key.TaskType)
 	}
-	if len(keys) == 0 && len(tokens) == 0 {
+	if len(keys) == 0 && len(tokens) == 0 && !*wake {
 		return e.fail(exitNotFound, "reset: nothing to reset: no key of %s", strings.TrimPrefix(target, "every key of "))
 	}
 	if !*yes {
 		fmt.Fprintf(e.stderr, "reset %s: delete %s", target, count(len(keys), "key"))
 		if len(tokens) > 0 {
 			fmt.Fprintf(e.stderr, ", after releasing %s", count(len(tokens), "reservation"))
+		}
+		if *wake {
+			fmt.Fprint(e.stderr, ", then run its waiting tasks now")
 		}
 		fmt.Fprintln(e.stderr, ":")
 		for i, k := range keys {
@@ -149,9 +164,72 @@ func runReset(e *env, args []string) int {
 	if j.Deleted == nil {
 		j.Deleted = []string{}
 	}
+	woke := ""
+	if *wake {
+		n, err := wakeWaiting(e, key, scope)
+		if err != nil {
+			return e.fail(exitRedis, "reset: deleted %s, released %s, ran %s now, then: %v", count(len(keys), "key"),
+				count(released, "reservation"), count(n, "waiting task"), err)
+		}
+		j.Woken = &n
+		woke = ", ran " + count(n, "waiting task") + " now"
+	}
 	if e.json {
 		return e.printJSON(j)
 	}
-	fmt.Fprintf(e.stdout, "reset %s: deleted %s, released %s\n", target, count(len(keys), "key"), count(released, "reservation"))
+	fmt.Fprintf(e.stdout, "reset %s: deleted %s, released %s%s\n", target, count(len(keys), "key"), count(released, "reservation"), woke)
 	return exitOK
+}
+
+// wakePage is how many tasks of a queue's retry or scheduled set one Inspector list reads.
+const wakePage = 500
+
+// wakeWaiting moves key's task type's tasks that wait for the throttle back to their
+// queues (Inspector.RunTask) and returns how many: in every queue, the retry tasks whose
+// last error is the middleware's denial or pause of that type (a *throttle.DeniedError's
+// text, which a pause's wraps) and the scheduled deferred copies ("<id>:deferred:<n>",
+// worker's copies of tasks that had no retry left); with ScopeTenant, only those whose
+// tenant header (THROTTLE_TENANT_HEADER) is key.Tenant. A task that moved on its own
+// between the list and RunTask is skipped. The error is the Inspector's.
+func wakeWaiting(e *env, key throttle.Key, scope throttle.Scope) (int, error) {
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
+	queues, err := insp.Queues()
+	if err != nil {
+		return 0, err
+	}
+	denial := "throttle: " + quote.Name(key.TaskType) + " for tenant "
+	ours := func(ti *asynq.TaskInfo) bool {
+		return ti.Type == key.TaskType && (scope == throttle.ScopeType || ti.Headers[e.vars.TenantHeader] == key.Tenant)
+	}
+	woken := 0
+	for _, q := range queues {
+		var ids []string
+		for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){insp.ListRetryTasks, insp.ListScheduledTasks} {
+			for page := 1; ; page++ {
+				tasks, err := list(q, asynq.PageSize(wakePage), asynq.Page(page))
+				if err != nil {
+					return woken, err
+				}
+				for _, ti := range tasks {
+					if ours(ti) && (ti.State == asynq.TaskStateRetry && strings.Contains(ti.LastErr, denial) ||
+						ti.State == asynq.TaskStateScheduled && strings.Contains(ti.ID, ":deferred:")) {
+						ids = append(ids, ti.ID)
+					}
+				}
+				if len(tasks) < wakePage {
+					break
+				}
+			}
+		}
+		for _, id := range ids {
+			switch err := insp.RunTask(q, id); {
+			case errors.Is(err, asynq.ErrTaskNotFound):
+			case err != nil:
+				return woken, err
+			default:
+				woken++
+			}
+		}
+	}
+	return woken, nil
 }
