@@ -222,6 +222,8 @@ func TestOverrideStore(t *testing.T) {
 		{worker.OverrideTenant, strings.Repeat("q", 1025), "weight=2", worker.ErrInvalidOverride,
 			`1025 bytes, more than throttle.MaxTenantBytes (1024): its tasks are never decided`},
 		{worker.OverrideTenantTier, strings.Repeat("q", 1025), "pro", worker.ErrInvalidOverride, "more than throttle.MaxTenantBytes"},
+		{worker.OverrideTenant, "t\xff", "weight=2", worker.ErrInvalidOverride, `tenant "t\xff": not valid UTF-8`},
+		{worker.OverrideType, "e\xff", "tenant=5/1s", worker.ErrInvalidOverride, `type "e\xff": not valid UTF-8`},
 	}
 	for _, r := range rejected {
 		_, err := s.Set(ctx, r.kind, r.name, r.text)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 
@@ -253,6 +254,10 @@ func Canonical(kind OverrideKind, name, text string) (string, error) {
 		Tenants: map[string][]TenantLimits{}, TenantTiers: map[string]string{}}
 	if !knownKind(kind) {
 		return "", fmt.Errorf("%w: unknown kind %q; want type, tier, tenant or tenant-tier", ErrInvalidOverride, kind)
+	}
+	if !utf8.ValidString(name) { // asynq cannot encode such a task type or header: no task has it
+		return "", fmt.Errorf("%w: %s %s: not valid UTF-8, which no task's type or tenant can be (asynq cannot encode it)",
+			ErrInvalidOverride, kind, quote.Quote(name))
 	}
 	if (kind == OverrideTenant || kind == OverrideTenantTier) && len(name) > throttle.MaxTenantBytes {
 		// The limiter refuses such a tenant (throttle.ErrInvalid): its tasks are archived,

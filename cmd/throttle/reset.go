@@ -39,9 +39,11 @@ retry state whose last error is a throttle denial or pause, and every deferred c
 A task that got an upstream 429 itself (worker.Backpressure) keeps its Retry-After. It
 lists what it will delete and asks for confirmation on stdin (y or yes), unless -yes.
 
-What it forgets includes the window's admissions: in the window around a reset, up to
-twice the limit can run (those admitted before it, and a full window after it), so an
-upstream API with the same limit may answer 429 once.
+What it forgets includes the window's admissions, those made for a slot up to MaxWait
+(2s) ahead too, whose tasks wait in their handlers and still start then: until MaxWait
+plus one window after a reset, a window can hold up to twice the limit (those admitted
+before it, and a full window after it), so an upstream API with the same limit may
+answer 429 once.
 
 Flags:
   -json    print JSON on stdout
@@ -173,6 +175,9 @@ func runReset(e *env, args []string) int {
 		}
 		j.Woken = &n
 		woke = ", ran " + count(n, "waiting task") + " now"
+		if n == 0 && len(keys) == 0 && len(tokens) == 0 { // a mistyped type, say
+			return e.fail(exitNotFound, "reset: nothing to reset: no key of %s and no task of it waiting", strings.TrimPrefix(target, "every key of "))
+		}
 	}
 	if e.json {
 		return e.printJSON(j)

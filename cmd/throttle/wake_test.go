@@ -106,4 +106,7 @@ func TestReset_wake(t *testing.T) {
 	wantRun(t, []string{"reset", "-type", "wk:call", "-tenant", "acme", "-wake", "-yes"}, exitOK,
 		`reset wk:call for tenant "acme": deleted 2 keys, released 3 reservations, ran 3 waiting tasks now`+"\n", "")
 	wait("after reset -wake", 4, 1, 1, 0)
+	// Nothing of a mistyped type to delete or wake: not found, as a plain reset.
+	wantRun(t, []string{"reset", "-type", "wk:cal", "-wake", "-yes"}, exitNotFound, "",
+		"throttle: reset: nothing to reset: no key of task type wk:cal and no task of it waiting\n")
 }
