@@ -146,12 +146,14 @@ func TestParseTenantLimits(t *testing.T) {
 		t.Errorf("FormatTenantLimits = %q", s)
 	}
 	for in, wantErr := range map[string]string{
-		"api:call":                           `worker: entry 1 "api:call": neither a tenant= quota nor a weight=`,
-		"a weight=2; a type=5/1s":            `worker: entry 2 "a type=5/1s": "type=5/1s": a type= quota is shared by every tenant; set it in the task type's rule`,
-		"tenant=1/1s cost=header:n":          `worker: entry 1 "tenant=1/1s cost=header:n": "cost=header:n": cost= belongs to the task type's rule, not to a tier or a tenant`,
-		"tenant=1/1s mode=shadow":            `worker: entry 1 "tenant=1/1s mode=shadow": "mode=shadow": mode= belongs to the task type's rule`,
-		"weight=0":                           `worker: entry 1 "weight=0": "weight=0": want one weight=<integer from 1 to 1000000>, e.g. weight=3`,
-		"weight=2 weight=3":                  `worker: entry 1 "weight=2 weight=3": "weight=3": want one weight=`,
+		"api:call":                  `worker: entry 1 "api:call": neither a tenant= quota nor a weight=`,
+		"a weight=2; a type=5/1s":   `worker: entry 2 "a type=5/1s": "type=5/1s": a type= quota is shared by every tenant; set it in the task type's rule`,
+		"tenant=1/1s cost=header:n": `worker: entry 1 "tenant=1/1s cost=header:n": "cost=header:n": cost= belongs to the task type's rule, not to a tier or a tenant`,
+		"tenant=1/1s mode=shadow":   `worker: entry 1 "tenant=1/1s mode=shadow": "mode=shadow": mode= belongs to the task type's rule`,
+		"weight=0":                  `worker: entry 1 "weight=0": "weight=0": want one weight=<integer from 1 to 1000000>, e.g. weight=3`,
+		"weight=2 weight=3":         `worker: entry 1 "weight=2 weight=3": "weight=3": want one weight=`,
+		// Trial 5: "weight = 3" read as a task type "weight" and a quota "=".
+		"weight = 3":                         `worker: entry 1 "weight = 3": "weight = 3": write name=value with no space around '=', e.g. tenant=5/2s or weight=3`,
 		"tenant=5/1s tenant=3/1000ms":        `worker: entry 1 "tenant=5/1s tenant=3/1000ms": quotas tenant=5/1s and tenant=3/1s have the same scope and window, so only the smaller ever decides; keep one (tenant=3/1s)`,
 		"weight=2; tenant=1/1s":              `worker: entry 2 "tenant=1/1s": the entry for every task type is already entry 1; put it in one entry`,
 		"a weight=2; b weight=2; a weight=3": `worker: entry 3 "a weight=3": task type "a" is already entry 1; put it in one entry`,

@@ -228,6 +228,9 @@ func ParseRules(s string) ([]Rule, error) {
 			continue
 		}
 		where := fmt.Sprintf("rule %d %q", i+1, strings.TrimSpace(text))
+		if err := spacedEquals(fields); err != nil {
+			return nil, fmt.Errorf("worker: %s: %w", where, err)
+		}
 		r := Rule{TaskType: fields[0]}
 		overdueSet, modeSet := false, false
 		if strings.Contains(r.TaskType, "=") {
@@ -304,6 +307,28 @@ func ParseRules(s string) ([]Rule, error) {
 		rules = append(rules, r)
 	}
 	return rules, nil
+}
+
+// spacedEquals reports '=' with a space beside it: a field that is "=" or begins with it
+// ("tenant = 5/1s", "weight =3"), or that ends with it before a field without one
+// ("tenant= 5/1s"; a last "cost=" is an empty value, reported as such). The fields would
+// otherwise read as a task type and a quota named "=".
+func spacedEquals(fields []string) error {
+	for i, f := range fields {
+		from, to := i, i+1
+		switch {
+		case f == "=":
+			from, to = max(i-1, 0), i+2
+		case strings.HasPrefix(f, "="):
+			from = max(i-1, 0)
+		case strings.HasSuffix(f, "=") && i+1 < len(fields) && !strings.Contains(fields[i+1], "="):
+			to = i + 2
+		default:
+			continue
+		}
+		return fmt.Errorf("%q: write name=value with no space around '=', e.g. tenant=5/2s or weight=3", strings.Join(fields[from:min(to, len(fields))], " "))
+	}
+	return nil
 }
 
 // parseQuota reads "scope=events/window".

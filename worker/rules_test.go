@@ -65,8 +65,9 @@ func TestParseRules_errorsNameTheRule(t *testing.T) {
 		{in: "api:call user=5/2s", want: []string{`quota "user=5/2s"`, `unknown scope "user"`}},
 		// Spaces around '=' split a quota: each piece says how to write it (trial 4 got
 		// `unknown scope ""` for "=").
-		{in: "api:call =5/2s", want: []string{`quota "=5/2s": want scope=events/window, with no space around '='`}},
-		{in: "api:call tenant= 5/2s", want: []string{`quota "tenant=": want scope=events/window, with no space around '='`}},
+		{in: "api:call =5/2s", want: []string{`"api:call =5/2s": write name=value with no space around '='`}},
+		{in: "api:call tenant= 5/2s", want: []string{`"tenant= 5/2s": write name=value with no space around '='`}},
+		{in: "api:call tenant = 5/2s", want: []string{`"tenant = 5/2s": write name=value with no space around '='`}},
 		{in: "api:call tenant=5", want: []string{`quota "tenant=5"`, "events/window"}},
 		{in: "api:call tenant=x/2s", want: []string{`quota "tenant=x/2s"`, `events "x" is not an integer`}},
 		{in: "api:call tenant=99999999999999999999/1s", want: []string{`events "99999999999999999999" is too large (less than 2^42, 4398046511104)`}},

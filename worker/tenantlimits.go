@@ -98,6 +98,9 @@ func ParseTenantLimits(s string) ([]TenantLimits, error) {
 			continue
 		}
 		where := fmt.Sprintf("entry %d %q", i+1, strings.TrimSpace(text))
+		if err := spacedEquals(fields); err != nil {
+			return nil, fmt.Errorf("worker: %s: %w", where, err)
+		}
 		var e TenantLimits
 		if !strings.Contains(fields[0], "=") {
 			e.TaskType, fields = fields[0], fields[1:]
