@@ -1705,15 +1705,15 @@ if t > now and #quotas > 1 then -- one quota binds alone
     end
   end
 end
-for i, q in ipairs(quotas) do
-  if binding then
-    break
-  end
-  if q.lo_at ~= now then
-    q.lo, q.lo_at = sum(q.log, now - q.w, now), now
-  end
-  if q.lo + cost > q.limit then
-    binding = i
+if not binding then
+  for i, q in ipairs(quotas) do
+    if q.lo_at ~= now then
+      q.lo, q.lo_at = sum(q.log, now - q.w, now), now
+    end
+    if q.lo + cost > q.limit then
+      binding = i
+      break
+    end
   end
 end
 if not binding then

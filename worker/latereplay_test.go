@@ -20,20 +20,32 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/worker"
 )
 
-// lostReply runs the first script call on an api:call key that succeeds (not a NOSCRIPT), then, after delay, reports it failed, as
-// a reply lost on the way back (or, in durable mode, an admission acknowledged late)
-// looks to the caller: the script decided, the caller does not know what.
-type lostReply struct {
+// scriptReply delays the reply of script calls on an api:call key that succeed (not a
+// NOSCRIPT) by delay, while on. With lose, only the first such call, whose reply it then
+// reports failed, as a reply lost on the way back (or, in durable mode, an admission
+// acknowledged late) looks to the caller: the script decided, the caller does not know
+// what; done says it happened. Without, every call while on: a slow reply.
+type scriptReply struct {
 	delay time.Duration
+	lose  bool
+	on    atomic.Bool
 	done  atomic.Bool
 }
 
-func (h *lostReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *scriptReply) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (h *lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *scriptReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if name := strings.ToLower(cmd.Name()); (name == "evalsha" || name == "eval") && err == nil && strings.Contains(fmt.Sprint(cmd.Args()), "{api:call}") && h.done.CompareAndSwap(false, true) {
+		name := strings.ToLower(cmd.Name())
+		if (name != "evalsha" && name != "eval") || err != nil || !h.on.Load() || !strings.Contains(fmt.Sprint(cmd.Args()), "{api:call}") {
+			return err
+		}
+		if !h.lose {
+			time.Sleep(h.delay)
+			return nil
+		}
+		if h.done.CompareAndSwap(false, true) {
 			time.Sleep(h.delay)
 			err = errors.New("test: the reply was lost")
 			cmd.SetErr(err)
@@ -42,7 +54,7 @@ func (h *lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-func (h *lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *scriptReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
 
@@ -57,7 +69,8 @@ func (h *lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 func TestAllow_lateReplay(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Start(t)
-	hook := &lostReply{delay: 300 * time.Millisecond}
+	hook := &scriptReply{delay: 300 * time.Millisecond, lose: true}
+	hook.on.Store(true)
 	lrdb := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr})
 	t.Cleanup(func() { _ = lrdb.Close() })
 	lim := newLimiter(t, lrdb)

@@ -2,11 +2,8 @@ package worker_test
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,28 +16,6 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/worker"
 )
 
-// slowReply delays the reply of every script call on an api:call key by delay while on.
-type slowReply struct {
-	delay time.Duration
-	on    atomic.Bool
-}
-
-func (h *slowReply) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *slowReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if name := strings.ToLower(cmd.Name()); (name == "evalsha" || name == "eval") && h.on.Load() && strings.Contains(fmt.Sprint(cmd.Args()), "{api:call}") {
-			time.Sleep(h.delay)
-		}
-		return err
-	}
-}
-
-func (h *slowReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // TestRun_slowReplyStartsAtItsInstant: an admission for a slot ahead waits Decision.Delay
 // counted from the call that decided, not from its reply. Rule tenant=1/1s: task 1 is
 // admitted at once (At a); task 2, asked right after, is admitted for a + 1s, and its
@@ -50,7 +25,7 @@ func (h *slowReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 func TestRun_slowReplyStartsAtItsInstant(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Start(t)
-	hook := &slowReply{delay: 600 * time.Millisecond}
+	hook := &scriptReply{delay: 600 * time.Millisecond} // slow, not lost
 	lrdb := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr})
 	t.Cleanup(func() { _ = lrdb.Close() })
 	lrdb.AddHook(hook)

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"maps"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/producer"
@@ -34,46 +36,14 @@ func TestLimits_runningWorkerPicksUpChange(t *testing.T) {
 	srv := redistest.StartServer(t)
 	setEnv(t, "REDIS_ADDR", srv.Addr)
 	rdb := srv.Client()
-	lim, err := throttle.New(rdb, throttle.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := worker.NewOverrideStore(rdb, "throttle") // THROTTLE_PREFIX's default
-	if err != nil {
-		t.Fatal(err)
-	}
-	rules, err := worker.ParseRules("o:call tenant=2/1m")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var reloads sync.Map // version -> time put in force
-	mw, err := worker.New(lim, worker.Config{Rules: rules, Redis: rdb, Overrides: store, Context: ctx, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		OverrideReloadFunc: func(v int64, err error) {
+	w := startWorker(t, rdb, "o:call tenant=2/1m", func(c *worker.Config) {
+		c.OverrideReloadFunc = func(v int64, err error) {
 			if err == nil {
 				reloads.Store(v, time.Now())
 			}
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	ran := map[string]int{}
-	asynqSrv := asynq.NewServerFromRedisClient(rdb, worker.WrapConfig(asynq.Config{
-		Concurrency: 10, Queues: map[string]int{"default": 1}, LogLevel: asynq.FatalLevel, ShutdownTimeout: 2 * time.Second,
-		TaskCheckInterval: 50 * time.Millisecond, DelayedTaskCheckInterval: 100 * time.Millisecond,
-	}))
-	if err := asynqSrv.Start(mw(asynq.HandlerFunc(func(_ context.Context, task *asynq.Task) error {
-		tenant, _ := producer.Tenant(task)
-		mu.Lock()
-		defer mu.Unlock()
-		ran[tenant]++
-		return nil
-	}))); err != nil {
-		t.Fatal(err)
-	}
-	defer asynqSrv.Shutdown()
+		}
+	})
 	client := asynq.NewClientFromRedisClient(rdb)
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	// enqueue adds n tasks of tenant and waits until the worker ran wantRan of that
@@ -88,9 +58,7 @@ func TestLimits_runningWorkerPicksUpChange(t *testing.T) {
 		deadline := time.Now().Add(15 * time.Second)
 		for {
 			qi, err := insp.GetQueueInfo("default")
-			mu.Lock()
-			got := ran[tenant]
-			mu.Unlock()
+			got := w.ran(tenant)
 			if err == nil && qi.Pending == 0 && qi.Active == 0 && qi.Retry == wantRetry && got == wantRan {
 				break
 			}
@@ -120,9 +88,7 @@ func TestLimits_runningWorkerPicksUpChange(t *testing.T) {
 	change("type", "o:call", "tenant=3/1m")
 	enqueue("acme", 2, 3, 3)
 
-	mu.Lock()
-	defer mu.Unlock()
-	if ran["acme"] != 3 || ran["globex"] != 5 || len(ran) != 2 {
+	if ran := w.all(); ran["acme"] != 3 || ran["globex"] != 5 || len(ran) != 2 {
 		t.Errorf("ran %v, want acme 3 and globex 5", ran)
 	}
 	for v := int64(1); v <= 3; v++ {
@@ -133,4 +99,71 @@ func TestLimits_runningWorkerPicksUpChange(t *testing.T) {
 		}
 		t.Logf("version %d in force %v after the CLI returned", v, at.(time.Time).Sub(setAt[v]).Round(time.Millisecond))
 	}
+}
+
+// testWorker is a worker started by startWorker: the handler runs it counted, by tenant.
+type testWorker struct {
+	mu   sync.Mutex
+	runs map[string]int
+}
+
+// ran returns how many tasks of tenant the handler ran so far.
+func (w *testWorker) ran(tenant string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.runs[tenant]
+}
+
+// all returns a copy of the runs so far, by tenant.
+func (w *testWorker) all() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return maps.Clone(w.runs)
+}
+
+// startWorker runs a worker as cmd/worker does, on rdb (THROTTLE_PREFIX's default): the
+// middleware under rules, its overrides checked at the default interval (tweak, if not
+// nil, changes its Config), on an asynq server of Concurrency 10 on the default queue whose handler
+// counts each run by tenant. Both stop at the test's end.
+func startWorker(t *testing.T, rdb *redis.Client, rules string, tweak func(*worker.Config)) *testWorker {
+	t.Helper()
+	lim, err := throttle.New(rdb, throttle.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := worker.NewOverrideStore(rdb, "throttle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := worker.ParseRules(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	cfg := worker.Config{Rules: rs, Redis: rdb, Overrides: store, Context: ctx,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	mw, err := worker.New(lim, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &testWorker{runs: map[string]int{}}
+	srv := asynq.NewServerFromRedisClient(rdb, worker.WrapConfig(asynq.Config{
+		Concurrency: 10, Queues: map[string]int{"default": 1}, LogLevel: asynq.FatalLevel, ShutdownTimeout: 2 * time.Second,
+		TaskCheckInterval: 50 * time.Millisecond, DelayedTaskCheckInterval: 100 * time.Millisecond,
+	}))
+	if err := srv.Start(mw(asynq.HandlerFunc(func(_ context.Context, task *asynq.Task) error {
+		tenant, _ := producer.Tenant(task)
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.runs[tenant]++
+		return nil
+	}))); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	return w
 }

@@ -1,10 +1,6 @@
 package main
 
 import (
-	"context"
-	"io"
-	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,7 +8,6 @@ import (
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/producer"
-	"github.com/asynq-throttle/asynq-throttle/throttle"
 	"github.com/asynq-throttle/asynq-throttle/worker"
 )
 
@@ -28,41 +23,7 @@ func TestReset_wake(t *testing.T) {
 	srv := redistest.StartServer(t)
 	setEnv(t, "REDIS_ADDR", srv.Addr)
 	rdb := srv.Client()
-	lim, err := throttle.New(rdb, throttle.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := worker.NewOverrideStore(rdb, "throttle")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rules, err := worker.ParseRules("wk:call tenant=1/1m")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	mw, err := worker.New(lim, worker.Config{Rules: rules, Redis: rdb, Overrides: store, Context: ctx, Concurrency: 10,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	ran := map[string]int{}
-	asynqSrv := asynq.NewServerFromRedisClient(rdb, worker.WrapConfig(asynq.Config{
-		Concurrency: 10, Queues: map[string]int{"default": 1}, LogLevel: asynq.FatalLevel, ShutdownTimeout: 2 * time.Second,
-		TaskCheckInterval: 50 * time.Millisecond, DelayedTaskCheckInterval: 100 * time.Millisecond,
-	}))
-	if err := asynqSrv.Start(mw(asynq.HandlerFunc(func(_ context.Context, task *asynq.Task) error {
-		tenant, _ := producer.Tenant(task)
-		mu.Lock()
-		defer mu.Unlock()
-		ran[tenant]++
-		return nil
-	}))); err != nil {
-		t.Fatal(err)
-	}
-	defer asynqSrv.Shutdown()
+	w := startWorker(t, rdb, "wk:call tenant=1/1m", func(c *worker.Config) { c.Concurrency = 10 })
 	client := asynq.NewClientFromRedisClient(rdb)
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	// wait waits until acme and globex ran the given counts and the queue holds nothing
@@ -72,9 +33,7 @@ func TestReset_wake(t *testing.T) {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			qi, err := insp.GetQueueInfo("default")
-			mu.Lock()
-			a, g := ran["acme"], ran["globex"]
-			mu.Unlock()
+			a, g := w.ran("acme"), w.ran("globex")
 			if err == nil && qi.Pending == 0 && qi.Active == 0 && qi.Retry == retry && qi.Scheduled == scheduled && a == acme && g == globex {
 				return
 			}
