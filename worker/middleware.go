@@ -154,7 +154,10 @@ type Config struct {
 	// safe for concurrent use.
 	DecisionFunc func(ctx context.Context, task *asynq.Task, key throttle.Key, d throttle.Decision)
 	// NowFunc is the middleware's clock, for the retry instants and waits it computes; give
-	// it the clock of the Limiter's throttle.Config.NowFunc. Defaults to time.Now.
+	// it the clock of the Limiter's throttle.Config.NowFunc. Defaults to time.Now. asynq
+	// reads time.Now for when a retry is due, so a NowFunc off from it by d brings
+	// re-queued tasks back d late (ahead) or early (behind): a test that moves it moves
+	// WakeLead and MaxWait with it.
 	NowFunc func() time.Time
 }
 
