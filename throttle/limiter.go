@@ -185,6 +185,11 @@ var ErrCostOverLimit = errors.New("throttle: cost exceeds limit")
 // instants exact in a double and encodes its sentinels below -2^50.
 const maxMS = 1 << 42
 
+// MaxTime is the first instant the limiter cannot hold, 2^42 ms after the Unix epoch
+// (2109-05-15T07:35:11.104Z): AllowAt, Pause and PauseAt return ErrInvalid for an instant
+// from it on or before the epoch, as does Allow for a local clock outside that range.
+var MaxTime = time.UnixMilli(maxMS).UTC()
+
 // Limiter decides events against sliding-window logs in Redis. It is safe for concurrent
 // use by multiple goroutines.
 type Limiter struct {

@@ -267,9 +267,18 @@ func (e *env) close() {
 	}
 }
 
-// fail prints err on stderr, prefixed by the command, and returns code.
+// fail prints err on stderr, prefixed by the command, and returns code. An error of the
+// throttle package names it ("throttle: invalid request: ..."), which after the command's
+// own name would read "throttle: pause: throttle: invalid request": that repeat, right
+// after the command, is dropped; one deeper in a chain of errors stays.
 func (e *env) fail(code int, format string, a ...any) int {
-	fmt.Fprintf(e.stderr, "throttle: "+format+"\n", a...)
+	msg := fmt.Sprintf(format, a...)
+	if cmd, rest, ok := strings.Cut(msg, ": "); ok {
+		if r, ok := strings.CutPrefix(rest, "throttle: "); ok {
+			msg = cmd + ": " + r
+		}
+	}
+	fmt.Fprintf(e.stderr, "throttle: %s\n", msg)
 	return code
 }
 

@@ -382,13 +382,16 @@ func TestPauseResume(t *testing.T) {
 		{[]string{"pause", "-type", "pr:call", "-until", "2020-01-01T00:00:00Z"}, "throttle: pause: -until 2020-01-01T00:00:00Z is not in the future\n"},
 		{[]string{"pause", "-type", "pr:call", "-until", "tomorrow"}, "throttle: pause: invalid value \"tomorrow\" for flag -until: want an RFC 3339 instant, e.g. 2026-12-01T12:00:00Z\nRun 'throttle pause -h' for usage.\n"},
 		{[]string{"resume", "-tenant", "acme"}, "throttle: resume: -type is required\n"},
-		// Past what the limiter's scores hold: bad arguments (exit 2), not a Redis failure.
+		// Past what the limiter's scores hold (throttle.MaxTime): bad arguments (exit 2), not a
+		// Redis failure, refused as the flag is read.
 		{[]string{"pause", "-type", "pr:call", "-until", "2300-01-01T00:00:00Z"},
-			"throttle: pause: throttle: invalid request: pause of pr:call (the type's log) until 2300-01-01T00:00:00Z: outside 1970-2109\n"},
-		{[]string{"pause", "-type", "pr:call", "-tenant", "acme", "-until", "2300-01-01T00:00:00Z"},
-			"throttle: pause: throttle: invalid request: pause of pr:call for tenant \"acme\" until 2300-01-01T00:00:00Z: outside 1970-2109\n"},
-		{[]string{"explain", "-type", "pr:call", "-tenant", "acme", "-at", "2200-01-01T00:00:00Z"},
-			"throttle: explain: throttle: invalid request: pr:call for tenant \"acme\": instant 2200-01-01T00:00:00Z is outside 1970-2109\n"},
+			"throttle: pause: invalid value \"2300-01-01T00:00:00Z\" for flag -until: want an instant within 1970-2109\nRun 'throttle pause -h' for usage.\n"},
+		{[]string{"pause", "-type", "pr:call", "-tenant", "acme", "-until", "2109-05-15T07:35:11.104Z"},
+			"throttle: pause: invalid value \"2109-05-15T07:35:11.104Z\" for flag -until: want an instant within 1970-2109\nRun 'throttle pause -h' for usage.\n"},
+		{[]string{"explain", "-type", "pr:call", "-tenant", "acme", "-at", "1969-12-31T23:59:59Z"},
+			"throttle: explain: invalid value \"1969-12-31T23:59:59Z\" for flag -at: want an instant within 1970-2109\nRun 'throttle explain -h' for usage.\n"},
+		{[]string{"inspect", "-type", "pr:call", "-at", "2300-01-01T00:00:00Z"},
+			"throttle: inspect: invalid value \"2300-01-01T00:00:00Z\" for flag -at: want an instant within 1970-2109\nRun 'throttle inspect -h' for usage.\n"},
 	} {
 		wantRun(t, tc.args, exitUsage, "", tc.want)
 	}

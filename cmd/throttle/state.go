@@ -358,6 +358,9 @@ func (f *timeFlag) Set(s string) error {
 	if err != nil {
 		return errors.New("want an RFC 3339 instant, e.g. 2026-12-01T12:00:00Z")
 	}
+	if t.Before(time.UnixMilli(0)) || !t.Before(throttle.MaxTime) { // the limiter's scores hold no other
+		return errors.New("want an instant within 1970-2109")
+	}
 	f.t, f.set = t, true
 	return nil
 }
