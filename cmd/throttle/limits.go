@@ -142,6 +142,9 @@ func limitsChange(e *env, kindWord, name, text string, del bool) int {
 	case err != nil:
 		return e.fail(exitRedis, "limits: %v", err)
 	}
+	if !del && (kind == worker.OverrideTenant || kind == worker.OverrideTier) {
+		noteRuleless(e, text)
+	}
 	if e.json {
 		return e.printJSON(c)
 	}
@@ -152,6 +155,27 @@ func limitsChange(e *env, kindWord, name, text string, del bool) int {
 	}
 	fmt.Fprintf(e.stdout, "workers put it in force within %s\n", worker.DefaultOverrideInterval)
 	return exitOK
+}
+
+// noteRuleless notes on stderr each task type that an entry of text (a tier's or a
+// tenant's limits, already validated) names but that has no rule, given THROTTLE_RULES and
+// the type overrides: the middleware throttles only types with a rule (worker.Overrides),
+// so such an entry does nothing until the type gets one. It says nothing when
+// THROTTLE_RULES is unset, as the workers' rules are then unknown here.
+func noteRuleless(e *env, text string) {
+	entries, err := worker.ParseTenantLimits(text)
+	if err != nil || e.vars.Rules == "" {
+		return
+	}
+	rs, code := e.rules(optString{})
+	if code != exitOK {
+		return
+	}
+	for _, en := range entries {
+		if _, ok := rs.typeRule(en.TaskType); en.TaskType != "" && !ok {
+			fmt.Fprintf(e.stderr, "throttle: limits set: note: %s has no rule (THROTTLE_RULES, type overrides): its tasks run unthrottled, and this entry applies to them only once it has one\n", display(en.TaskType))
+		}
+	}
 }
 
 func isKind(k worker.OverrideKind) bool {

@@ -225,3 +225,23 @@ func jsonEqual(a, b any) bool {
 	jb, err2 := json.Marshal(b)
 	return err1 == nil && err2 == nil && bytes.Equal(ja, jb)
 }
+
+// TestLimits_setNotesRulelessType: a tenant's or a tier's entry for a task type that has no
+// rule (THROTTLE_RULES, type overrides) is stored, with a note that it does nothing until
+// the type has one; a type override gives it one; without THROTTLE_RULES nothing is noted.
+func TestLimits_setNotesRulelessType(t *testing.T) {
+	srv := redistest.StartServer(t)
+	setEnv(t, "REDIS_ADDR", srv.Addr, "THROTTLE_RULES", "api:call tenant=5/2s")
+	const after = "workers put it in force within 1s\n"
+	const note = "throttle: limits set: note: foo:call has no rule (THROTTLE_RULES, type overrides): its tasks run unthrottled, and this entry applies to them only once it has one\n"
+	wantRun(t, []string{"limits", "set", "tenant", "acme", "foo:call tenant=100/1s; api:call tenant=9/1s"}, exitOK,
+		"set tenant acme: foo:call tenant=100/1s; api:call tenant=9/1s (version 1)\n"+after, note)
+	wantRun(t, []string{"limits", "set", "tier", "pro", "tenant=50/1s; foo:call weight=2"}, exitOK,
+		"set tier pro: tenant=50/1s; foo:call weight=2 (version 2)\n"+after, note)
+	wantRun(t, []string{"limits", "set", "type", "foo:call", "tenant=10/1s"}, exitOK, "set type foo:call: tenant=10/1s (version 3)\n"+after, "")
+	wantRun(t, []string{"limits", "set", "tenant", "acme", "foo:call tenant=100/1s"}, exitOK,
+		"set tenant acme: foo:call tenant=100/1s (version 4)\n"+after, "")
+	setEnv(t, "REDIS_ADDR", srv.Addr)
+	wantRun(t, []string{"limits", "set", "tenant", "globex", "bar:call tenant=1/1s"}, exitOK,
+		"set tenant globex: bar:call tenant=1/1s (version 5)\n"+after, "")
+}
