@@ -108,6 +108,9 @@ func runExplain(e *env, args []string) int {
 	if err != nil {
 		return e.fail(exitUsage, "explain: %v\nRun 'throttle explain -h' for usage.", err)
 	}
+	if err := tf.check(); err != nil {
+		return e.fail(exitUsage, "explain: %v", err)
+	}
 	switch {
 	case len(pos) > 0:
 		return e.fail(exitUsage, "explain: unexpected argument %q", pos[0])
@@ -117,8 +120,6 @@ func runExplain(e *env, args []string) int {
 		return e.fail(exitUsage, "explain: -tenant is required ('' for untagged tasks)")
 	case *cost < 1:
 		return e.fail(exitUsage, "explain: -cost %d: want at least 1", *cost)
-	case len(tf.tenant.v) > throttle.MaxTenantBytes:
-		return e.fail(exitUsage, "explain: -tenant of %d bytes: at most throttle.MaxTenantBytes (%d)", len(tf.tenant.v), throttle.MaxTenantBytes)
 	}
 	now := ms(at.instant())
 	key := throttle.Key{TaskType: tf.taskType.v, Tenant: tf.tenant.v}

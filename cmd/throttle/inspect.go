@@ -125,6 +125,9 @@ func runInspect(e *env, args []string) int {
 	if err != nil {
 		return e.fail(exitUsage, "inspect: %v\nRun 'throttle inspect -h' for usage.", err)
 	}
+	if err := tf.check(); err != nil {
+		return e.fail(exitUsage, "inspect: %v", err)
+	}
 	if len(pos) > 0 {
 		return e.fail(exitUsage, "inspect: unexpected argument %q; use -type and -tenant", pos[0])
 	}

@@ -381,17 +381,26 @@ func TestPauseResume(t *testing.T) {
 		{[]string{"pause", "-type", "pr:call", "-for", "-1s"}, "throttle: pause: -for -1s: want a positive duration\n"},
 		{[]string{"pause", "-type", "pr:call", "-until", "2020-01-01T00:00:00Z"}, "throttle: pause: -until 2020-01-01T00:00:00Z is not in the future\n"},
 		{[]string{"pause", "-type", "pr:call", "-until", "tomorrow"}, "throttle: pause: invalid value \"tomorrow\" for flag -until: want an RFC 3339 instant, e.g. 2026-12-01T12:00:00Z\nRun 'throttle pause -h' for usage.\n"},
+		{[]string{"pause", "-type", "pr:call", "-for", "5x"}, "throttle: pause: invalid value \"5x\" for flag -for: want a duration such as 90s, 5m or 1h30m\nRun 'throttle pause -h' for usage.\n"},
 		{[]string{"resume", "-tenant", "acme"}, "throttle: resume: -type is required\n"},
 		// Past what the limiter's scores hold (throttle.MaxTime): bad arguments (exit 2), not a
 		// Redis failure, refused as the flag is read.
 		{[]string{"pause", "-type", "pr:call", "-until", "2300-01-01T00:00:00Z"},
-			"throttle: pause: invalid value \"2300-01-01T00:00:00Z\" for flag -until: want an instant within 1970-2109\nRun 'throttle pause -h' for usage.\n"},
+			"throttle: pause: invalid value \"2300-01-01T00:00:00Z\" for flag -until: want an instant from 1970-01-01T00:00:00Z to before 2109-05-15T07:35:11.104Z (throttle.MaxTime)\nRun 'throttle pause -h' for usage.\n"},
 		{[]string{"pause", "-type", "pr:call", "-tenant", "acme", "-until", "2109-05-15T07:35:11.104Z"},
-			"throttle: pause: invalid value \"2109-05-15T07:35:11.104Z\" for flag -until: want an instant within 1970-2109\nRun 'throttle pause -h' for usage.\n"},
+			"throttle: pause: invalid value \"2109-05-15T07:35:11.104Z\" for flag -until: want an instant from 1970-01-01T00:00:00Z to before 2109-05-15T07:35:11.104Z (throttle.MaxTime)\nRun 'throttle pause -h' for usage.\n"},
 		{[]string{"explain", "-type", "pr:call", "-tenant", "acme", "-at", "1969-12-31T23:59:59Z"},
-			"throttle: explain: invalid value \"1969-12-31T23:59:59Z\" for flag -at: want an instant within 1970-2109\nRun 'throttle explain -h' for usage.\n"},
+			"throttle: explain: invalid value \"1969-12-31T23:59:59Z\" for flag -at: want an instant from 1970-01-01T00:00:00Z to before 2109-05-15T07:35:11.104Z (throttle.MaxTime)\nRun 'throttle explain -h' for usage.\n"},
+		// Names no task can have: a pause there would pause nothing.
+		{[]string{"pause", "-type", "pr:call", "-tenant", "caf\xe9", "-for", "5s"},
+			"throttle: pause: -tenant \"caf\\xe9\" is not valid UTF-8, which no task's tenant can be\n"},
+		{[]string{"resume", "-type", "pr\xe9"}, "throttle: resume: -type \"pr\\xe9\" is not valid UTF-8, which no task's type can be\n"},
+		{[]string{"reset", "-type", "pr:call", "-tenant", strings.Repeat("t", 1025)},
+			"throttle: reset: -tenant of 1025 bytes: at most throttle.MaxTenantBytes (1024)\n"},
+		{[]string{"inspect", "-tenant", strings.Repeat("t", 1100)},
+			"throttle: inspect: -tenant of 1100 bytes: at most throttle.MaxTenantBytes (1024)\n"},
 		{[]string{"inspect", "-type", "pr:call", "-at", "2300-01-01T00:00:00Z"},
-			"throttle: inspect: invalid value \"2300-01-01T00:00:00Z\" for flag -at: want an instant within 1970-2109\nRun 'throttle inspect -h' for usage.\n"},
+			"throttle: inspect: invalid value \"2300-01-01T00:00:00Z\" for flag -at: want an instant from 1970-01-01T00:00:00Z to before 2109-05-15T07:35:11.104Z (throttle.MaxTime)\nRun 'throttle inspect -h' for usage.\n"},
 	} {
 		wantRun(t, tc.args, exitUsage, "", tc.want)
 	}

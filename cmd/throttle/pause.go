@@ -70,7 +70,7 @@ func runPause(e *env, args []string) int {
 	var d time.Duration
 	fs.Var(&rules, "rules", "")
 	fs.Var(&until, "until", "")
-	fs.DurationVar(&d, "for", 0, "")
+	fs.Var((*durationFlag)(&d), "for", "")
 	pos, err := parse(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(e.stdout, pauseUsage+exitStatuses)
@@ -78,6 +78,9 @@ func runPause(e *env, args []string) int {
 	}
 	if err != nil {
 		return e.fail(exitUsage, "pause: %v\nRun 'throttle pause -h' for usage.", err)
+	}
+	if err := tf.check(); err != nil {
+		return e.fail(exitUsage, "pause: %v", err)
 	}
 	forSet := false
 	fs.Visit(func(f *flag.Flag) { forSet = forSet || f.Name == "for" })
@@ -184,6 +187,9 @@ func runResume(e *env, args []string) int {
 	}
 	if err != nil {
 		return e.fail(exitUsage, "resume: %v\nRun 'throttle resume -h' for usage.", err)
+	}
+	if err := tf.check(); err != nil {
+		return e.fail(exitUsage, "resume: %v", err)
 	}
 	switch {
 	case len(pos) > 0:

@@ -76,6 +76,9 @@ func runReset(e *env, args []string) int {
 	if err != nil {
 		return e.fail(exitUsage, "reset: %v\nRun 'throttle reset -h' for usage.", err)
 	}
+	if err := tf.check(); err != nil {
+		return e.fail(exitUsage, "reset: %v", err)
+	}
 	switch {
 	case len(pos) > 0:
 		return e.fail(exitUsage, "reset: unexpected argument %q", pos[0])

@@ -10,9 +10,11 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/asynq-throttle/asynq-throttle/internal/quote"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
 	"github.com/asynq-throttle/asynq-throttle/worker"
 )
@@ -359,7 +361,7 @@ func (f *timeFlag) Set(s string) error {
 		return errors.New("want an RFC 3339 instant, e.g. 2026-12-01T12:00:00Z")
 	}
 	if t.Before(time.UnixMilli(0)) || !t.Before(throttle.MaxTime) { // the limiter's scores hold no other
-		return errors.New("want an instant within 1970-2109")
+		return errors.New("want an instant from 1970-01-01T00:00:00Z to before 2109-05-15T07:35:11.104Z (throttle.MaxTime)")
 	}
 	f.t, f.set = t, true
 	return nil
@@ -373,6 +375,21 @@ func (f *timeFlag) instant() time.Time {
 	return time.Now()
 }
 
+// durationFlag is a time.Duration flag whose parse error says what to write (the flag
+// package's own says only "parse error").
+type durationFlag time.Duration
+
+func (f *durationFlag) String() string { return time.Duration(*f).String() }
+
+func (f *durationFlag) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("want a duration such as 90s, 5m or 1h30m")
+	}
+	*f = durationFlag(d)
+	return nil
+}
+
 // targetFlags are the -type and -tenant flags that name a window log.
 type targetFlags struct {
 	taskType, tenant optString
@@ -381,6 +398,22 @@ type targetFlags struct {
 func (tf *targetFlags) register(fs *flag.FlagSet) {
 	fs.Var(&tf.taskType, "type", "")
 	fs.Var(&tf.tenant, "tenant", "")
+}
+
+// check returns an error for a -type or -tenant that no task can have (throttle.Key's
+// rules, as the limiter's validation and producer.CheckTask apply them): not UTF-8, or
+// a tenant longer than throttle.MaxTenantBytes. Such a name would only reach keys that no
+// worker ever writes (a pause there would pause nothing).
+func (tf *targetFlags) check() error {
+	switch {
+	case !utf8.ValidString(tf.taskType.v):
+		return fmt.Errorf("-type %s is not valid UTF-8, which no task's type can be", quote.Name(tf.taskType.v))
+	case !utf8.ValidString(tf.tenant.v):
+		return fmt.Errorf("-tenant %s is not valid UTF-8, which no task's tenant can be", quote.Quote(tf.tenant.v))
+	case len(tf.tenant.v) > throttle.MaxTenantBytes:
+		return fmt.Errorf("-tenant of %d bytes: at most throttle.MaxTenantBytes (%d)", len(tf.tenant.v), throttle.MaxTenantBytes)
+	}
+	return nil
 }
 
 // key is the task type and tenant named, and the scope: the tenant's log with -tenant,
