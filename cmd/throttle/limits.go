@@ -114,9 +114,12 @@ func (e *env) store() (*worker.OverrideStore, int) {
 
 // limitsChange sets (or deletes) one override and prints the change.
 func limitsChange(e *env, kindWord, name, text string, del bool) int {
-	kind := worker.OverrideKind(kindWord)
+	kind, verb := worker.OverrideKind(kindWord), "set"
+	if del {
+		verb = "delete"
+	}
 	if !isKind(kind) {
-		return e.fail(exitUsage, "limits: unknown kind %q; want type, tier, tenant or tenant-tier", kindWord)
+		return e.fail(exitUsage, "limits %s: unknown kind %q; want type, tier, tenant or tenant-tier", verb, kindWord)
 	}
 	if !del { // validate before reaching for Redis
 		if _, err := worker.Canonical(kind, name, text); err != nil {
@@ -138,9 +141,9 @@ func limitsChange(e *env, kindWord, name, text string, del bool) int {
 	case errors.Is(err, worker.ErrOverrideNotFound):
 		return e.fail(exitNotFound, "limits delete: %v", err)
 	case errors.Is(err, worker.ErrInvalidOverride), errors.Is(err, worker.ErrTierNotFound), errors.Is(err, worker.ErrTierInUse):
-		return e.fail(exitRejected, "limits: %v", err)
+		return e.fail(exitRejected, "limits %s: %v", verb, err)
 	case err != nil:
-		return e.fail(exitRedis, "limits: %v", err)
+		return e.fail(exitRedis, "limits %s: %v", verb, err)
 	}
 	if !del && (kind == worker.OverrideTenant || kind == worker.OverrideTier) {
 		noteRuleless(e, text)

@@ -66,7 +66,7 @@ func TestRun_usageAndEnvironment(t *testing.T) {
 	wantRun(t, []string{"limits"}, exitUsage, "", "throttle: limits: want show, set or delete\nRun 'throttle limits -h' for usage.\n")
 	wantRun(t, []string{"limits", "list"}, exitUsage, "", "throttle: limits: unknown action \"list\"; want show, set or delete\n")
 	wantRun(t, []string{"limits", "set", "tier", "pro"}, exitUsage, "", "throttle: limits set: want <kind> <name> <text>, e.g. set tier pro 'tenant=50/1s weight=3'\n")
-	wantRun(t, []string{"limits", "set", "tiers", "pro", "weight=2"}, exitUsage, "", "throttle: limits: unknown kind \"tiers\"; want type, tier, tenant or tenant-tier\n")
+	wantRun(t, []string{"limits", "set", "tiers", "pro", "weight=2"}, exitUsage, "", "throttle: limits set: unknown kind \"tiers\"; want type, tier, tenant or tenant-tier\n")
 	wantRun(t, []string{"limits", "delete", "tier"}, exitUsage, "", "throttle: limits delete: want <kind> <name>, e.g. delete tier pro\n")
 	wantRun(t, []string{"limits", "set", "-tenant", "x", "tier", "pro", "weight=2"}, exitUsage, "", "throttle: limits set: -tenant and -type are flags of show\n")
 	wantRun(t, []string{"limits", "show", "extra"}, exitUsage, "", "throttle: limits show: unexpected argument \"extra\"; use -tenant and -type\n")
@@ -141,7 +141,7 @@ func TestLimits_setShowDelete(t *testing.T) {
 	wantRun(t, []string{"limits", "set", "tier", "pro", "tenant=50/1000ms", "weight=3;", "email:send", "tenant=1000/60m"}, exitOK,
 		"set tier pro: tenant=50/1s weight=3; email:send tenant=1000/1h (version 1)\n"+after, "")
 	wantRun(t, []string{"limits", "set", "tenant-tier", "acme", "gold"}, exitRejected, "",
-		`throttle: limits: worker: tier not found: tenant "acme" cannot be assigned to tier "gold", which does not exist; store the tier first`+"\n")
+		`throttle: limits set: worker: tier not found: tenant "acme" cannot be assigned to tier "gold", which does not exist; store the tier first`+"\n")
 	wantRun(t, []string{"limits", "set", "tenant-tier", "acme", "pro"}, exitOK, "set tenant-tier acme: pro (version 2)\n"+after, "")
 	wantRun(t, []string{"limits", "set", "tenant", "--", "-odd\nname", "api:call weight=9"}, exitOK, "set tenant \"-odd\\nname\": api:call weight=9 (version 3)\n"+after, "")
 	wantRun(t, []string{"limits", "set", "type", "api:call", "tenant=10/1s type=50/1s"}, exitOK, "set type api:call: tenant=10/1s type=50/1s (version 4)\n"+after, "")
@@ -209,7 +209,7 @@ tenant tiers:
 `, "")
 
 	wantRun(t, []string{"limits", "delete", "tier", "pro"}, exitRejected, "",
-		`throttle: limits: worker: tier in use: tier "pro" still has tenants "acme", "globex"; assign them elsewhere or delete their tenant-tier first`+"\n")
+		`throttle: limits delete: worker: tier in use: tier "pro" still has tenants "acme", "globex"; assign them elsewhere or delete their tenant-tier first`+"\n")
 	wantRun(t, []string{"limits", "delete", "tenant", "acme"}, exitNotFound, "", `throttle: limits delete: worker: override not found: no tenant override "acme" is stored`+"\n")
 	wantRun(t, []string{"limits", "delete", "tenant-tier", "acme"}, exitOK, "deleted tenant-tier acme (version 6)\n"+after, "")
 	wantRun(t, []string{"limits", "delete", "tenant-tier", "globex"}, exitOK, "deleted tenant-tier globex (version 7)\n"+after, "")
