@@ -56,6 +56,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/kelseyhightower/envconfig"
+	"github.com/redis/go-redis/v9"
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
@@ -78,11 +79,18 @@ const (
 )
 
 func main() {
+	// go-redis logs each failed dial on stderr; the command reports the failure itself.
+	redis.SetLogger(quietLogger{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
+
+// quietLogger drops go-redis's internal log lines.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // run is the whole command: it parses args, reads Redis settings from the environment,
 // enqueues, reports on stdout and stderr, and returns the exit status.
@@ -114,8 +122,10 @@ func runAt(ctx context.Context, args []string, stdout, stderr io.Writer, now fun
 	rdb := renv.NewClient()
 	defer rdb.Close()
 	// A REDIS_DB the server does not have fails every command: report it as the bad
-	// variable it is. Other failures (Redis down) show at the first enqueue, except
-	// through Sentinel (below).
+	// variable it is. Any other failure (Redis down) would fail every enqueue too, and
+	// through Sentinel with go-redis's "all sentinels specified in configuration are
+	// unreachable", whatever is wrong: report it once, naming the variable, as cmd/worker
+	// does at start.
 	pingCtx, cancel := context.WithTimeout(ctx, redisPingTimeout)
 	err = renv.Ping(pingCtx, rdb)
 	cancel()
@@ -123,10 +133,7 @@ func runAt(ctx context.Context, args []string, stdout, stderr io.Writer, now fun
 		fmt.Fprintf(stderr, "enqueue: %v\n", err)
 		return exitUsage
 	}
-	if err != nil && renv.MasterName != "" {
-		// Through Sentinel every enqueue would fail with go-redis's "all sentinels
-		// specified in configuration are unreachable", whatever is wrong; Ping says which
-		// variable it is, as cmd/worker does at start.
+	if err != nil {
 		fmt.Fprintf(stderr, "enqueue: Redis at REDIS_ADDR=%q does not answer: %v\n", renv.Addr, err)
 		return exitEnqueue
 	}
