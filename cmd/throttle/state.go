@@ -400,10 +400,11 @@ func (tf *targetFlags) register(fs *flag.FlagSet) {
 	fs.Var(&tf.tenant, "tenant", "")
 }
 
-// check returns an error for a -type or -tenant that no task can have (throttle.Key's
-// rules, as the limiter's validation and producer.CheckTask apply them): not UTF-8, or
-// a tenant longer than throttle.MaxTenantBytes. Such a name would only reach keys that no
-// worker ever writes (a pause there would pause nothing).
+// check returns an error for a -type or -tenant that no task can have: not UTF-8
+// (producer.CheckTask refuses such a task type or tenant header before it is enqueued), or
+// a tenant longer than throttle.MaxTenantBytes (the limiter refuses it, ErrInvalid). Such
+// a name would only reach keys that no worker ever writes (a pause there would pause
+// nothing).
 func (tf *targetFlags) check() error {
 	switch {
 	case !utf8.ValidString(tf.taskType.v):
