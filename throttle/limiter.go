@@ -362,7 +362,7 @@ func (l *Limiter) PauseAt(ctx context.Context, key Key, scope Scope, until, now 
 	u := until.UnixMilli()
 	if u < 0 || u >= maxMS {
 		return fmt.Errorf("%w: pause of %s until %s: outside 1970-2109", ErrInvalid,
-			logOf(key, scope), until.UTC().Format(time.RFC3339Nano))
+			logOf(key, scope), time.UnixMilli(u).UTC().Format(time.RFC3339Nano)) // in ms, as the log would hold it
 	}
 	if err := lua.SlidingWindow.Run(ctx, l.run, []string{redisKey(l.prefix, key, scope)}, "p", u, now.UnixMilli()).Err(); err != nil {
 		return fmt.Errorf("throttle: pause %s: %w", logOf(key, scope), err)

@@ -2,8 +2,11 @@ package throttle_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 	"github.com/asynq-throttle/asynq-throttle/throttle"
@@ -120,4 +123,31 @@ func TestLimiter_AllowAt_pastPauseCountsAsSentinel(t *testing.T) {
 		{at: 200, tenant: "A", quotas: []throttle.Quota{one}, token: "N", want: &modelDecision{Reserved: true, Quota: one, Count: 3,
 			Remaining: 0, RetryAfter: msDuration(9_802), At: 200}},
 	})
+}
+
+// TestLimiter_PauseAt_outOfRange: a pause ending at or after MaxTime, or before the epoch,
+// is ErrInvalid before any Redis command (the client has no server), its instant given in
+// ms as the log would hold it.
+func TestLimiter_PauseAt_outOfRange(t *testing.T) {
+	t.Parallel()
+	l, err := throttle.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), throttle.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := throttle.Key{TaskType: "api:call", Tenant: "acme"}
+	for _, c := range []struct {
+		until time.Time
+		scope throttle.Scope
+		want  string
+	}{
+		{throttle.MaxTime.Add(123456 * time.Nanosecond), throttle.ScopeTenant,
+			`throttle: invalid request: pause of api:call for tenant "acme" until 2109-05-15T07:35:11.104Z: outside 1970-2109`},
+		{time.UnixMilli(-1), throttle.ScopeType,
+			"throttle: invalid request: pause of api:call (the type's log) until 1969-12-31T23:59:59.999Z: outside 1970-2109"},
+	} {
+		err := l.PauseAt(context.Background(), key, c.scope, c.until, time.UnixMilli(0))
+		if !errors.Is(err, throttle.ErrInvalid) || err.Error() != c.want {
+			t.Errorf("PauseAt(until %s) = %v; want %q (ErrInvalid)", c.until, err, c.want)
+		}
+	}
 }
