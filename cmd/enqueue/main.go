@@ -56,7 +56,6 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/kelseyhightower/envconfig"
-	"github.com/redis/go-redis/v9"
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
@@ -80,17 +79,12 @@ const (
 
 func main() {
 	// go-redis logs each failed dial on stderr; the command reports the failure itself.
-	redis.SetLogger(quietLogger{})
+	redisenv.QuietLogs()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
-
-// quietLogger drops go-redis's internal log lines.
-type quietLogger struct{}
-
-func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // run is the whole command: it parses args, reads Redis settings from the environment,
 // enqueues, reports on stdout and stderr, and returns the exit status.

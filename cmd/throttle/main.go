@@ -68,17 +68,12 @@ const (
 
 func main() {
 	// go-redis logs each failed dial on stderr; the command reports the failure itself.
-	redis.SetLogger(quietLogger{})
+	redisenv.QuietLogs()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := runIO(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
-
-// quietLogger drops go-redis's internal log lines.
-type quietLogger struct{}
-
-func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // command is one subcommand. To add one, write its file (inspect.go, explain.go, ...)
 // with a command value and list it in commands.

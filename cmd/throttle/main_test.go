@@ -8,14 +8,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/asynq-throttle/asynq-throttle/internal/redisenv"
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 )
 
 // TestMain silences go-redis's log of failed dials, as main does.
 func TestMain(m *testing.M) {
-	redis.SetLogger(quietLogger{})
+	redisenv.QuietLogs()
 	os.Exit(m.Run())
 }
 

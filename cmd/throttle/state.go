@@ -361,7 +361,7 @@ func (f *timeFlag) Set(s string) error {
 		return errors.New("want an RFC 3339 instant, e.g. 2026-12-01T12:00:00Z")
 	}
 	if t.Before(time.UnixMilli(0)) || !t.Before(throttle.MaxTime) { // the limiter's scores hold no other
-		return errors.New("want an instant from 1970-01-01T00:00:00Z to before 2109-05-15T07:35:11.104Z (throttle.MaxTime)")
+		return fmt.Errorf("want an instant from 1970-01-01T00:00:00Z to before %s (throttle.MaxTime)", throttle.MaxTime.Format(time.RFC3339Nano))
 	}
 	f.t, f.set = t, true
 	return nil

@@ -293,3 +293,14 @@ func (c Config) String() string {
 	return fmt.Sprintf("REDIS_ADDR=%q REDIS_MASTER_NAME=%q REDIS_PASSWORD=%s REDIS_DB=%d",
 		c.Addr, c.MasterName, pw, c.DB)
 }
+
+// QuietLogs drops go-redis's own log lines (one per failed dial, and its pool's errors)
+// for the whole process: go-redis has a single logger, set by redis.SetLogger. It is for
+// a command that reports a Redis failure itself, once and in its variables' terms, as
+// Config.Ping's errors do.
+func QuietLogs() { redis.SetLogger(quietLogger{}) }
+
+// quietLogger is a go-redis logger that writes nothing.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
