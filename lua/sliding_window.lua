@@ -124,6 +124,7 @@
 --   Returns 1 if the log had a pause, else 0.
 
 local K_SCAN, K_CAND, K_ITER, K_LAPSE, K_RENUM, K_FAIR, K_TRIM = 64, 4, 3, 8, 32, 8, 8
+local K_CAND_ARG = '4' -- K_CAND as a LIMIT argument: a Lua number there costs Redis a %.17g format
 local K_PRIO = 8 -- pending reservations a prioritized event examines (PRIORITY)
 local K_GAP = 16 -- bisection rounds of gap_slot: a slot before the end slot among 2^16 entries
 local DEFAULT_CLAIM_TIMEOUT = 5000 -- ms, throttle.DefaultClaimTimeout
@@ -210,7 +211,8 @@ repeat
       -- The k-th entry of the window, k = lo + 1 - limit (the first unless a limit was
       -- lowered), by rank: a string, not a number, for Redis to parse (Redis 7.0 formats a
       -- Lua number with %.17g).
-      local e = redis.call('ZRANGE', key, string.format('%d', below + lo - limit), string.format('%d', below + lo - limit), 'WITHSCORES')
+      local k = string.format('%d', below + lo - limit)
+      local e = redis.call('ZRANGE', key, k, k, 'WITHSCORES')
       return {0, lo, e[2] + w - caller, now}
     end
     if CHECK then -- the skew check, before a write
@@ -234,7 +236,9 @@ repeat
   end
   local m, nq = #KEYS, (#ARGV - 6) / 3
   local qlogs = ARGV[#ARGV]
-  local lj, lim, win, wi = {}, {}, {}, {} -- wi[j]: the quota with log j's longest window
+  -- Tables made at their size (a tenant's log and the type's, up to 4 quotas): each new
+  -- index past a table's size reallocates it. wi[j]: the quota with log j's longest window.
+  local lj, lim, win, wi = {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {false, false}
   for i = 1, nq do
     local j, w = string.byte(qlogs, i) - 48, tonumber(ARGV[4 + 3 * i])
     lj[i], lim[i], win[i] = j, tonumber(ARGV[3 + 3 * i]), w
@@ -250,7 +254,7 @@ repeat
   end
   local fresh = string.byte(ARGV[2], 1) == 33
   local member = fresh and string.sub(ARGV[2], 2) or ARGV[2]
-  local now, sent, plain = caller, {}, true
+  local now, sent, plain = caller, {0, 0}, true
   for j = 1, m do
     local hs
     if j == rl and not fresh then
@@ -280,7 +284,7 @@ repeat
     break -- a replay, a pause, or a log that is not plain
   end
   -- Nothing lies after now: a window's slots are the entries after its start.
-  local lo, lower = {}, {}
+  local lo, lower = {0, 0, 0, 0}, {0, 0, 0, 0}
   local binding, t = nil, now
   for i = 1, nq do
     local j = lj[i]
@@ -319,9 +323,15 @@ repeat
   end
   local sentinel = now == caller and ARGV[3] or string.format('%d', 16 * now - BASE)
   for j = 1, m do -- the member is in none of them: the replay check's log has the longest window
+    -- The trim waits until K_TRIM entries have left the log's longest window, as the
+    -- one-quota path's (why there): the log's size after the ZADD less "#", this entry and
+    -- the rest of that window (lo).
+    local i = wi[j]
     redis.call('ZADD', KEYS[j], at, member, sentinel, '#')
-    redis.call('ZREMRANGEBYSCORE', KEYS[j], FLOOR, lower[wi[j]])
-    redis.call('PEXPIRE', KEYS[j], SLACK == 0 and ARGV[4 + 3 * wi[j]] or string.format('%d', win[wi[j]] + SLACK))
+    if redis.call('ZCARD', KEYS[j]) - 2 - lo[i] >= K_TRIM then
+      redis.call('ZREMRANGEBYSCORE', KEYS[j], FLOOR, lower[i])
+    end
+    redis.call('PEXPIRE', KEYS[j], SLACK == 0 and ARGV[4 + 3 * i] or string.format('%d', win[i] + SLACK))
   end
   return {1, lo[binding] + 1, 0, now, binding, server_ms}
 until true
@@ -463,19 +473,23 @@ repeat
     local ttl = (hiw > now and hiw or now) - now + w + SLACK
     if flags >= 4 then
       ttl = ttl + ct
-      redis.call('PEXPIRE', pkey, ttl)
     end
-    redis.call('PEXPIRE', key, ttl)
+    local ttls = string.format('%d', ttl) -- a number argument would cost Redis a %.17g format
+    if flags >= 4 then
+      redis.call('PEXPIRE', pkey, ttls)
+    end
+    redis.call('PEXPIRE', key, ttls)
     return {17, count, 0, held, 1, server_ms}
   end
   local lo = redis.call('ZCOUNT', key, '(' .. lower, nows)
-  local holder, tenant, fairq, tag, fair_rank = nil, nil, nil, nil, nil
+  local holder, hlen, tenant, fairq, tag, fair_rank = nil, nil, nil, nil, nil, nil
   if lo >= limit and token ~= '' then
     -- No room at now: it will reserve (or be admitted for later). Its lease's holder and
     -- tenant, and on a type log its fair tag and rank: a reservation waiting at that rank
     -- may be one to displace (FAIRNESS, below).
-    local hn, tail = string.match(string.sub(rest, n + 1), '^(%d+):(.*)$')
-    hn = tonumber(hn)
+    local tail
+    hlen, tail = string.match(string.sub(rest, n + 1), '^(%d+):(.*)$')
+    local hn = tonumber(hlen)
     holder, tenant = string.sub(tail, 1, hn), string.sub(tail, hn + 1)
     if part == 'type' then
       fairq = base .. 'fair'
@@ -500,7 +514,7 @@ repeat
     if lo == limit then
       e = redis.call('ZRANGEBYSCORE', key, '(' .. lower, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
     else
-      local rank = (r[1] and 1 or 0) + (r[2] and 1 or 0) + redis.call('ZCOUNT', key, FLOOR, lower) + lo - limit
+      local rank = string.format('%d', (r[1] and 1 or 0) + (r[2] and 1 or 0) + redis.call('ZCOUNT', key, FLOOR, lower) + lo - limit)
       e = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
     end
     t = tonumber(e[2]) + w
@@ -508,12 +522,12 @@ repeat
     -- The end slot: after the newest entry, and after the limit-th newest leaves its window.
     local newest_at = tonumber(redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2])
     local tend = newest_at < now and now or newest_at
-    local y = redis.call('ZRANGE', key, -limit, -limit, 'WITHSCORES')
+    local y = redis.call('ZRANGE', key, '-' .. ARGV[6], '-' .. ARGV[6], 'WITHSCORES') -- -limit
     if y[1] and string.byte(y[1], 1) ~= 35 and tonumber(y[2]) + w > tend then -- not '#', '#f', '#p'
       tend = tonumber(y[2]) + w
     end
     -- Before it, the first K_CAND instants at which an entry leaves a window.
-    local page = redis.call('ZRANGEBYSCORE', key, '(' .. lower, string.format('%d', tend - w - 1), 'WITHSCORES', 'LIMIT', '0', K_CAND)
+    local page = redis.call('ZRANGEBYSCORE', key, '(' .. lower, string.format('%d', tend - w - 1), 'WITHSCORES', 'LIMIT', '0', K_CAND_ARG)
     local prev, exact = nil, false
     for i = 2, #page, 2 do
       local c = tonumber(page[i]) + w
@@ -550,7 +564,8 @@ repeat
   -- general's to move: handed over, nothing written.
   local victim, vs, handover = nil, nil, false
   if fair_rank and t > now then
-    local at_rank = redis.call('ZRANGE', pkey, fair_rank, fair_rank, 'WITHSCORES')[2]
+    local fr = string.format('%d', fair_rank)
+    local at_rank = redis.call('ZRANGE', pkey, fr, fr, 'WITHSCORES')[2]
     -- The page in two reads, its first entry and then the rest: the first is most often
     -- the one (each returned score costs a %.17g format, each lease a lookup).
     local from, done = 0, not at_rank
@@ -651,9 +666,12 @@ repeat
   local ttl = (hiw > now and hiw or now) - now + w + SLACK
   if flags >= 4 then
     ttl = ttl + ct
-    redis.call('PEXPIRE', pkey, ttl)
   end
-  redis.call('PEXPIRE', key, ttl)
+  local ttls = string.format('%d', ttl)
+  if flags >= 4 then
+    redis.call('PEXPIRE', pkey, ttls)
+  end
+  redis.call('PEXPIRE', key, ttls)
   if t == now then
     return {1, lo + 1, 0, now, 1, server_ms}
   end
@@ -667,7 +685,7 @@ repeat
     created = server_ms
   end
   local leases = base .. 'leases'
-  redis.call('HSET', leases, token, '1:' .. (fairq and 'y' or ('t=' .. ARGV[6] .. '/' .. ARGV[7])) .. ':' .. string.format('%d', created) .. ':' .. #holder .. ':' .. holder .. tenant)
+  redis.call('HSET', leases, token, '1:' .. (fairq and 'y' or ('t=' .. ARGV[6] .. '/' .. ARGV[7])) .. ':' .. string.format('%d', created) .. ':' .. hlen .. ':' .. holder .. tenant)
   local grown = {leases}
   if fairq then
     redis.call('ZADD', fairq, tag, token)

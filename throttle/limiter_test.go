@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -678,7 +679,8 @@ func TestLimiter_AllowAt_twoWindowsOneLog(t *testing.T) {
 		at     int64
 		want   outcome
 		// at At+RetryAfter-1 still denied with 1ms by wantLast; at At+RetryAfter
-		// admitted, leaving wantZCard entries after the trim by the longest window
+		// admitted, leaving wantZCard entries: the fast path trims by the longest window
+		// once K_TRIM (8) entries have left it, so the 1 or 5 that have stay
 		wantLast  throttle.Quota
 		wantZCard int64
 	}{
@@ -687,23 +689,23 @@ func TestLimiter_AllowAt_twoWindowsOneLog(t *testing.T) {
 			// 5000+1000-5010 = 990; 1m: 0+60000-5010 = 54990, the later.
 			name: "MinuteBinds", quotas: []throttle.Quota{perSec, perMin}, burst: 5000, at: 5010,
 			want:     outcome{Quota: perMin, Count: 15, RetryAfter: msd(54990), At: 5010},
-			wantLast: perMin, wantZCard: 15, // 1..4, 5000..5009, 60000: 0 is trimmed at 60000
+			wantLast: perMin, wantZCard: 16, // 0..4, 5000..5009, 60000: 0 has left, untrimmed
 		},
 		{
 			name: "MinuteBindsListedFirst", quotas: []throttle.Quota{perMin, perSec}, burst: 5000, at: 5010,
 			want:     outcome{Quota: perMin, Count: 15, RetryAfter: msd(54990), At: 5010},
-			wantLast: perMin, wantZCard: 15,
+			wantLast: perMin, wantZCard: 16,
 		},
 		{
 			// 1s: 59500+1000-59510 = 990, the later; 1m: 0+60000-59510 = 490.
 			name: "SecondBinds", quotas: []throttle.Quota{perSec, perMin}, burst: 59500, at: 59510,
 			want:     outcome{Quota: perSec, Count: 10, RetryAfter: msd(990), At: 59510},
-			wantLast: perSec, wantZCard: 11, // 59500..59509, 60500: 0..4 are trimmed at 60500
+			wantLast: perSec, wantZCard: 16, // 0..4, 59500..59509, 60500: 0..4 have left, untrimmed
 		},
 		{
 			name: "SecondBindsListedLast", quotas: []throttle.Quota{perMin, perSec}, burst: 59500, at: 59510,
 			want:     outcome{Quota: perSec, Count: 10, RetryAfter: msd(990), At: 59510},
-			wantLast: perSec, wantZCard: 11,
+			wantLast: perSec, wantZCard: 16,
 		},
 	}
 	for _, tc := range tests {
@@ -773,20 +775,23 @@ func TestLimiter_AllowAt_replay(t *testing.T) {
 		}
 	}
 	// The replay check looks in the log of the longest window, whichever quota is listed
-	// first: a type-wide hour beside a tenant's minute. evt-10 at 65000 trims evt-9 from
-	// the tenant's log; the type's still holds it, so evt-9 again is a replay (and not a
-	// denial by the tenant's full minute). Its counts are those of the window ending at
-	// 1000 now: the tenant's is empty.
-	quotas := []throttle.Quota{tenantQuota(1, time.Minute), typeQuota(5, time.Hour)}
+	// first: a type-wide hour beside a tenant's minute. evt-10 to evt-17, a minute apart,
+	// push evt-9 out of the tenant's minute; the fast path trims once K_TRIM (8) entries
+	// have left it, at evt-17, so the tenant's log then holds evt-17 alone. The type's
+	// still holds evt-9, so evt-9 again is a replay (and not a denial by the tenant's full
+	// minute). Its counts are those of the window ending at 1000 now: the tenant's is empty.
+	quotas := []throttle.Quota{tenantQuota(1, time.Minute), typeQuota(20, time.Hour)}
 	other := throttle.Request{Key: throttle.Key{TaskType: "replay:two", Tenant: "b"}, Quotas: quotas, Member: "evt-9"}
 	mustAdmit(t, l, other, 1000)
-	next := other
-	next.Member = "evt-10"
-	mustAdmit(t, l, next, 65_000)
-	if got := entriesOf(t, rdb, l.RedisKey(other.Key, throttle.ScopeTenant)); fmt.Sprint(got) != fmt.Sprint(map[string]int64{"evt-10": 65_000}) {
-		t.Errorf("the tenant's log holds %v, want only evt-10: the check below cannot fail", got)
+	for i := range 8 {
+		next := other
+		next.Member = "evt-" + strconv.Itoa(10+i)
+		mustAdmit(t, l, next, 65_000+60_000*int64(i))
 	}
-	wantOutcome(t, l, other, 70_000, outcome{Allowed: true, Replay: true, Quota: quotas[0], Count: 0, Remaining: 1, At: 1000})
+	if got := entriesOf(t, rdb, l.RedisKey(other.Key, throttle.ScopeTenant)); fmt.Sprint(got) != fmt.Sprint(map[string]int64{"evt-17": 485_000}) {
+		t.Errorf("the tenant's log holds %v, want only evt-17: the check below cannot fail", got)
+	}
+	wantOutcome(t, l, other, 490_000, outcome{Allowed: true, Replay: true, Quota: quotas[0], Count: 0, Remaining: 1, At: 1000})
 }
 
 // TestLimiter_AllowAt_replayNeedsSameMember: a Member that was never admitted is not a

@@ -196,7 +196,7 @@ type callLog struct {
 	wmax     int64
 	dirty    bool
 	pRemoved bool
-	lazy     bool // an admission by the script's fast path for one quota: see finish
+	lazy     bool // an admission by one of the script's fast paths: see finish
 	other    bool // another tenant's log, a displaced reservation's: see finish
 }
 
@@ -427,6 +427,9 @@ func (m *model) put(cl *callLog, name string, s int64, c int) *modelEntry {
 		}
 		cl.st.flagC = true
 	}
+	if c == 1 { // ZADD of a member the log holds moves it: a fast path's lazily kept old entry
+		cl.st.entries = slices.DeleteFunc(cl.st.entries, func(x *modelEntry) bool { return x.name == name })
+	}
 	i, _ := slices.BinarySearchFunc(cl.st.entries, e, compareEntries)
 	cl.st.entries = slices.Insert(cl.st.entries, i, e)
 	cl.st.hiw = max(cl.st.hiw, s)
@@ -477,8 +480,8 @@ func (cl *callLog) finish(now, claimTimeout int64) int64 {
 		st.pause = -1
 	}
 	floor := now - cl.wmax
-	// The fast path for one quota trims only once K_TRIM entries have left the window;
-	// every other write trims what has.
+	// The fast paths trim only once K_TRIM entries have left the longest window; every
+	// other write trims what has.
 	old := 0
 	for _, e := range st.entries {
 		if e.score <= floor {
@@ -587,14 +590,17 @@ func (m *model) decide(req throttle.Request, now int64) (modelDecision, modelTTL
 	// The script's fast path for one quota: a cost-1 event of priority 0 on a plain log (no
 	// weighted entry, nothing pending or ahead, no pause) admitted at now; with a token, a
 	// wait or a claim timeout too (then it admits only at now).
-	var fast bool
-	if len(c.quotas) == 1 && c.cost == 1 && req.Priority == 0 {
-		st := c.logs[0].st
-		fast = !st.flagC && !st.flagP && st.hiw <= st.hw && st.pause < 0
+	// So is its fast path for several quotas, on logs that are all plain.
+	fast := c.cost == 1 && req.Priority == 0
+	for _, cl := range c.logs {
+		st := cl.st
+		fast = fast && !st.flagC && !st.flagP && st.hiw <= st.hw && st.pause < 0
 	}
 	d := c.run()
 	if fast && d.allowed && !d.replay && !d.held && d.at == c.now {
-		c.logs[0].lazy = true
+		for _, cl := range c.logs {
+			cl.lazy = true
+		}
 	}
 	ttls := modelTTLs{}
 	for _, cl := range append(slices.Clone(c.logs), c.extra...) {
