@@ -43,10 +43,13 @@ var tierNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 // or '-', starting with a letter or digit: "pro", "free", "enterprise-2026".
 func ValidTierName(name string) error {
 	if !tierNameRE.MatchString(name) {
-		return fmt.Errorf("worker: tier name %q: want 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit, e.g. pro", name)
+		return fmt.Errorf("worker: tier name %s: %s", quote.Quote(name), tierNameRule)
 	}
 	return nil
 }
+
+// tierNameRule is what ValidTierName's error says a tier name must be.
+const tierNameRule = "want 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit, e.g. pro"
 
 // Validate returns an error, naming the entry, unless every rule of Types is valid
 // (Rule.Validate) and keyed by its task type, every tier has a valid name and at least one

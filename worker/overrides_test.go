@@ -215,7 +215,7 @@ func TestOverrideStore(t *testing.T) {
 		{worker.OverrideType, "api:call", "tenant=5/1s; b tenant=1/1s", worker.ErrInvalidOverride, "one rule, without ';'"},
 		{worker.OverrideType, "a b", "tenant=5/1s", worker.ErrInvalidOverride, `task type "a b": want a non-empty task type`},
 		{worker.OverrideType, "api:call", "", worker.ErrInvalidOverride, "has no quota"},
-		{worker.OverrideTier, "pro plus", "weight=2", worker.ErrInvalidOverride, `tier name "pro plus"`},
+		{worker.OverrideTier, "pro plus", "weight=2", worker.ErrInvalidOverride, `tier "pro plus": want 1 to 64 letters`},
 		{worker.OverrideTier, "pro", "type=5/1s", worker.ErrInvalidOverride, "a type= quota is shared by every tenant"},
 		{worker.OverrideTier, "pro", " ; ", worker.ErrInvalidOverride, "no entry"},
 		{worker.OverrideTenant, "acme", "weight=-1", worker.ErrInvalidOverride, "want one weight="},

@@ -265,6 +265,9 @@ func Canonical(kind OverrideKind, name, text string) (string, error) {
 		return "", fmt.Errorf("%w: %s %s: %d bytes, more than throttle.MaxTenantBytes (%d): its tasks are never decided",
 			ErrInvalidOverride, kind, quote.Quote(name), len(name), throttle.MaxTenantBytes)
 	}
+	if kind == OverrideTier && !tierNameRE.MatchString(name) { // named once, not again by ValidTierName
+		return "", fmt.Errorf("%w: tier %s: %s", ErrInvalidOverride, quote.Quote(name), tierNameRule)
+	}
 	if err := o.add(kind, name, text); err != nil {
 		return "", fmt.Errorf("%w: %s %s: %s", ErrInvalidOverride, kind, quote.Quote(name), strings.TrimPrefix(err.Error(), "worker: "))
 	}

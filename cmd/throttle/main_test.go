@@ -76,7 +76,10 @@ func TestRun_usageAndEnvironment(t *testing.T) {
 	wantRun(t, []string{"limits", "set", "type", "api:call", "type=5/1s mode=dry"}, exitRejected, "",
 		`throttle: limits set: worker: invalid override: type "api:call": rule 1 "api:call type=5/1s mode=dry": "mode=dry": want mode=enforce or mode=shadow (a dry run)`+"\n")
 	wantRun(t, []string{"limits", "set", "tier", "pro plus", "weight=2"}, exitRejected, "",
-		`throttle: limits set: worker: invalid override: tier "pro plus": tier name "pro plus": want 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit, e.g. pro`+"\n")
+		`throttle: limits set: worker: invalid override: tier "pro plus": want 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit, e.g. pro`+"\n")
+	// A tier name too long to print whole is cut, and printed once.
+	wantRun(t, []string{"limits", "set", "tier", strings.Repeat("t", 300), "weight=2"}, exitRejected, "",
+		`throttle: limits set: worker: invalid override: tier "`+strings.Repeat("t", 64)+`"...(300 bytes): want 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit, e.g. pro`+"\n")
 	setEnv(t, "REDIS_ADDR", "localhost")
 	wantRun(t, []string{"limits", "show"}, exitUsage, "", "throttle: redisenv: REDIS_ADDR=\"localhost\": \"localhost\" is not host:port: missing port in address\n")
 	setEnv(t, "THROTTLE_PREFIX", "a{b}")
