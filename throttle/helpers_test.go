@@ -138,7 +138,9 @@ func wantOutcome(t *testing.T, l *throttle.Limiter, req throttle.Request, at int
 const logFloor = "-1e15"
 
 // isSentinel reports whether a window log's member is a sentinel or its pause.
-func isSentinel(member string) bool { return member == "#" || member == "#f" || member == "#p" }
+func isSentinel(member string) bool {
+	return member == "#" || member == "#f" || member == "#p" || member == "#e"
+}
 
 // zcard is the number of entries (events and reservations) in the window log key, not
 // counting its sentinels. For a set that is not a window log it is its ZCARD.

@@ -23,7 +23,7 @@ import (
 // rules, the names of the keys (README.md, Keys) and how to read a window log.
 
 // floorScore is the lowest score of an entry of a window log: every sentinel ("#", "#f",
-// "#p") is scored below it (lua/sliding_window.lua, SKEW), every event at or above.
+// "#p", "#e") is scored below it (lua/sliding_window.lua, SKEW), every event at or above.
 const floorScore = "-1125899906842624" // -2^50
 
 // count is n and word, plural unless n is 1: "1 key", "2 keys".
