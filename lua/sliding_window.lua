@@ -97,10 +97,12 @@
 -- entries never makes room, and time only moves the range's start on. What could make
 -- room or move hiw otherwise drops it: any write of the general path to the log (it
 -- lapses reservations, decides late claims afresh, moves displaced ones), a release (op
--- "r"), the removal of "#f", and a reservation at a new latest instant that was not found
--- exactly. A claim on time
--- keeps it: the reservation becomes the admission at the same instant. A rule's change of
--- limit or window is another quota, which the hint does not name. Without it, the one-log
+-- "r"), the removal of "#f", a reservation at a new latest instant that was not found
+-- exactly, and any write under another quota (a rule's change of limit or window: that
+-- call trims by its own window, which may drop entries the hint's quota counts). A claim
+-- on time keeps it: the reservation becomes the admission at the same instant. With the
+-- hint, now may have room in its own window (not in one after it): such a call reserves
+-- too. Without it, the one-log
 -- path searches (the newest entry, the limit-th newest and K_CAND candidates): about four
 -- commands more for every reservation behind a backlog.
 --
@@ -490,8 +492,11 @@ repeat
     end
     redis.call('HDEL', base .. 'leases', token)
     local add = {hs, member, string.format('%d', 16 * now + flags - flags % 4 + (hiw > now and 2 or 0) - BASE), '#'}
-    if hiw > now then -- the claim changes no count: "#e" holds as it was
+    if hiw > now then -- the claim changes no count: "#e" for this quota holds as it was
       add[5], add[6] = string.format('%d', hiw - BASE), '#f'
+      if hinted and not hint_ok then -- another quota's: this call's trim may free its slots
+        redis.call('ZREM', key, '#e')
+      end
     elseif r[2] then
       redis.call('ZREM', key, '#f', '#e') -- "#e" lives only beside "#f"
     end
@@ -510,8 +515,9 @@ repeat
   end
   local lo = redis.call('ZCOUNT', key, '(' .. lower, nows)
   local holder, hlen, tenant, fairq, tag, fair_rank = nil, nil, nil, nil, nil, nil
-  if lo >= limit and token ~= '' then
-    -- No room at now: it will reserve (or be admitted for later). Its lease's holder and
+  if token ~= '' and (lo >= limit or hint_ok and hiw > now) then
+    -- No room at now (or, by the hint, in a window after it): it will reserve (or be
+    -- admitted for later). Its lease's holder and
     -- tenant, and on a type log its fair tag and rank: a reservation waiting at that rank
     -- may be one to displace (FAIRNESS, below).
     local tail
@@ -685,7 +691,9 @@ repeat
   -- latest, leaves no instant before it with room: "#e" says so for this quota (sig). A
   -- new latest instant decided otherwise makes any "#e" wrong; else it holds as it was.
   local hint = t > now and exact_t and sig and hiw <= t
-  local unhint = hinted and not hint and hiw < t
+  -- Another quota's "#e" goes too: this call trims by its own window, which may drop
+  -- entries that quota counts.
+  local unhint = hinted and not hint and (hiw < t or not hint_ok)
   if hiw < t then
     hiw = t
   end

@@ -83,3 +83,52 @@ func TestLimiter_AllowAt_endSlotHint(t *testing.T) {
 		t.Errorf("the log holds %v; want %v", got, want)
 	}
 }
+
+// TestLimiter_AllowAt_endSlotHintOtherQuota: a call under another quota on the same log (a
+// rule whose window changed) trims by its own window, and may drop entries the hint's
+// quota still counts: its write drops the hint, so the next call under the hint's quota
+// searches again (the trial that found it: a hint kept there sent a call with room at now
+// to the end slot, or failed on the lease it had not read). Quotas 2/1s (the hint's) and
+// 2/10ms: two admissions at 1000 fill 2/1s, and y1 reserves 2000 (the hint).
+func TestLimiter_AllowAt_endSlotHintOtherQuota(t *testing.T) {
+	t.Parallel()
+	l, rdb := newLimiterClient(t, throttle.Config{})
+	long, short := tenantQuota(2, time.Second), tenantQuota(2, 10*time.Millisecond)
+	setup := func(t *testing.T) (throttle.Key, string) {
+		key := throttle.Key{TaskType: "api:call", Tenant: t.Name()}
+		mustAdmit(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{long}}, 1000)
+		mustAdmit(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{long}}, 1000)
+		resvWantReserved(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{long}, Reservation: "y1"}, 1000, 2000)
+		log := l.RedisKey(key, throttle.ScopeTenant)
+		if _, ok := hintOf(t, rdb, log); !ok {
+			t.Fatal("after y1: no \"#e\"; want the hint")
+		}
+		return key, log
+	}
+	t.Run("ClaimUnderAShorterWindow", func(t *testing.T) {
+		t.Parallel()
+		key, log := setup(t)
+		// y1 claims 5ms ahead under 2/10ms: its trim (<= 1985) drops both admissions at 1000.
+		d := allowAt(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{short}, Reservation: "y1", ClaimWait: 10 * time.Millisecond}, 1995)
+		if want := (outcome{Allowed: true, Held: true, Quota: short, Count: 1, Remaining: 1, Delay: msd(5), At: 2000}); outcomeOf(d) != want {
+			t.Fatalf("y1's claim at 1995: got %s; want %s", outcomeOf(d), want)
+		}
+		if _, ok := hintOf(t, rdb, log); ok {
+			t.Fatal("after a claim under another quota: \"#e\" is there; want it dropped")
+		}
+		// Under 2/1s the log holds y1's admission at 2000 alone: room at 1996.
+		mustAdmit(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{long}, Reservation: "z"}, 1996)
+	})
+	t.Run("AdmissionUnderAShorterWindow", func(t *testing.T) {
+		t.Parallel()
+		key, log := setup(t)
+		// Admitted at 1500 under 2/10ms, trimming both entries at 1000.
+		mustAdmit(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{short}, Reservation: "w"}, 1500)
+		if _, ok := hintOf(t, rdb, log); ok {
+			t.Fatal("after an admission under another quota: \"#e\" is there; want it dropped")
+		}
+		// Under 2/1s: 1500 and @2000; room at 1501 in its own window, not in the one
+		// ending at 2000, so z reserves 2500 (when 1500 leaves).
+		resvWantReserved(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{long}, Reservation: "z"}, 1501, 2500)
+	})
+}
