@@ -706,15 +706,15 @@ repeat
     flags = 4 + flags % 4
   end
   local add = {es, t > now and ('@' .. pm) or member, string.format('%d', 16 * now + flags - flags % 4 + (hiw > now and 2 or 0) - BASE), '#'}
-  if hiw > now then
+  if hiw > now then -- (hint implies it: t > now)
     add[#add + 1], add[#add + 2] = string.format('%d', hiw - BASE), '#f'
+    if hint and not hint_ok then -- (with hint_ok it is there already)
+      add[#add + 1], add[#add + 2] = string.format('%d', sig - HINT_BASE), '#e'
+    elseif unhint then
+      redis.call('ZREM', key, '#e')
+    end
   elseif r[2] then
     redis.call('ZREM', key, '#f', '#e') -- "#e" lives only beside "#f"
-  end
-  if hint and not hint_ok then -- (with hint_ok it is there already)
-    add[#add + 1], add[#add + 2] = string.format('%d', sig - HINT_BASE), '#e'
-  elseif unhint then
-    redis.call('ZREM', key, '#e')
   end
   if victim then
     add[#add + 1], add[#add + 2] = ts, '@' .. victim

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -42,14 +43,20 @@ var tierNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 // ValidTierName returns an error unless name is 1 to 64 ASCII letters, digits, '_', '.'
 // or '-', starting with a letter or digit: "pro", "free", "enterprise-2026".
 func ValidTierName(name string) error {
-	if !tierNameRE.MatchString(name) {
-		return fmt.Errorf("worker: tier name %s: %s", quote.Quote(name), tierNameRule)
+	if err := checkTierName(name); err != nil {
+		return fmt.Errorf("worker: tier name %s: %w", quote.Quote(name), err)
 	}
 	return nil
 }
 
-// tierNameRule is what ValidTierName's error says a tier name must be.
-const tierNameRule = "want 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit, e.g. pro"
+// checkTierName is ValidTierName without the name in its error, for a caller whose error
+// names the tier already (Overrides.add's callers name the field or the override).
+func checkTierName(name string) error {
+	if !tierNameRE.MatchString(name) {
+		return errors.New("want 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit, e.g. pro")
+	}
+	return nil
+}
 
 // Validate returns an error, naming the entry, unless every rule of Types is valid
 // (Rule.Validate) and keyed by its task type, every tier has a valid name and at least one

@@ -181,8 +181,8 @@ func (o *Overrides) add(kind OverrideKind, name, text string) error {
 			return err
 		}
 		o.Types[name] = r
-	case OverrideTier:
-		if err := ValidTierName(name); err != nil {
+	case OverrideTier: // the caller names the tier
+		if err := checkTierName(name); err != nil {
 			return err
 		}
 		entries, err := parseEntries(text)
@@ -264,9 +264,6 @@ func Canonical(kind OverrideKind, name, text string) (string, error) {
 		// never decided, so an override for it could never apply.
 		return "", fmt.Errorf("%w: %s %s: %d bytes, more than throttle.MaxTenantBytes (%d): its tasks are never decided",
 			ErrInvalidOverride, kind, quote.Quote(name), len(name), throttle.MaxTenantBytes)
-	}
-	if kind == OverrideTier && !tierNameRE.MatchString(name) { // named once, not again by ValidTierName
-		return "", fmt.Errorf("%w: tier %s: %s", ErrInvalidOverride, quote.Quote(name), tierNameRule)
 	}
 	if err := o.add(kind, name, text); err != nil {
 		return "", fmt.Errorf("%w: %s %s: %s", ErrInvalidOverride, kind, quote.Quote(name), strings.TrimPrefix(err.Error(), "worker: "))
