@@ -390,8 +390,8 @@ end
 -- a new reservation (on a type log, at its fair rank). A token that holds a
 -- reservation due within its claim wait claims it in place (one further ahead is denied
 -- until then). It hands over to general, having written nothing, for anything else: a
--- replay, a skewed clock, a lapse due, a late claim, an exact check, an admission for
--- later. About 13 commands for a reservation on a tenant log with the hint (16 without),
+-- replay, a skewed clock, a lapse due, a late claim (its L entry there, or trimmed: P or
+-- its lease says so), an exact check, an admission for later. About 13 commands for a reservation on a tenant log with the hint (16 without),
 -- against general's 22 and its tables; 15 for a claim on a type log, against 17.
 
 repeat
@@ -446,17 +446,19 @@ repeat
   local part = string.sub(key, #base + 1)
   local pkey = base .. 'pending:' .. part
   if flags >= 4 then
-    -- None pending may lapse (general lapses them). One pending at or before now - W may
-    -- have left L (the trim): then, unless the token's L entry was found, P says whether
-    -- the token holds it (a late claim, for general). Otherwise the token holds a
-    -- reservation on the log iff its L entry is there. Reads without scores (each
-    -- returned score is a %.17g format): one in the common case, none pending that old.
-    if #redis.call('ZRANGEBYSCORE', pkey, FLOOR, string.format('%d', now - (ct < w and ct or w)), 'LIMIT', '0', '1') > 0 and
-      (ct <= w or #redis.call('ZRANGEBYSCORE', pkey, FLOOR, string.format('%d', now - ct), 'LIMIT', '0', '1') > 0 or
-        not r[4] and redis.call('ZSCORE', pkey, pm)) then
+    -- None pending may lapse (general lapses them). A read without scores (each returned
+    -- score is a %.17g format).
+    if #redis.call('ZRANGEBYSCORE', pkey, FLOOR, string.format('%d', now - ct), 'LIMIT', '0', '1') > 0 then
       break
     end
   end
+  -- The token's reservation on this log is its L entry (r[4]), unless a trim took that
+  -- entry while P still holds it: a late claim (a reservation at or before now - W), or
+  -- one that a call under a shorter window (a rule changed since) trimmed. The writes
+  -- below check for that only where it matters, at no cost in the common case: an
+  -- admission at now asks P, a reservation sets its lease only if the token has none
+  -- (HSETNX); either hands such a token to general, which claims by P.
+
   if r[4] then
     -- The token holds a reservation at held (its L entry, as checked above). Due within
     -- the claim wait: the reservation becomes the admission, in place; further ahead:
@@ -550,6 +552,9 @@ repeat
   elseif lo < limit then
     if hiw > now and redis.call('ZCOUNT', key, '(' .. lower, string.format('%d', now + w - 1)) >= limit then
       break -- room at now, but perhaps not in a window after it: general's exact check
+    end
+    if flags >= 4 and token ~= '' and not r[4] and redis.call('ZSCORE', pkey, pm) then
+      break -- its reservation left L in a trim (above): general's late claim
     end
     t = now
   elseif hiw <= now then
@@ -683,6 +688,23 @@ repeat
   if handover then
     break -- a tiered reservation to move: general's
   end
+  local leases = base .. 'leases'
+  if t > now then
+    -- The lease first (what general's reservation tail writes), and only if the token has
+    -- none: one it has is of a reservation that left L in a trim (above), or that waits
+    -- on other logs (a rule whose scopes changed): general's, nothing written.
+    local created = server_ms -- as general's
+    if created == 0 and VOUCHED then
+      created = caller
+    elseif created == 0 then
+      local tm = redis.call('TIME')
+      server_ms = tm[1] * 1000 + math.floor(tm[2] / 1000)
+      created = server_ms
+    end
+    if redis.call('HSETNX', leases, token, '1:' .. (fairq and 'y' or ('t=' .. ARGV[6] .. '/' .. ARGV[7])) .. ':' .. string.format('%d', created) .. ':' .. hlen .. ':' .. holder .. tenant) == 0 then
+      break
+    end
+  end
   -- The write: this event at now, or its reservation at t (vs); then what general's finish does.
   local ts = t == now and nows or string.format('%d', t)
   local es = victim and string.format('%d', vs) or ts -- this event's entry
@@ -733,17 +755,7 @@ repeat
   if t == now then
     return {1, lo + 1, 0, now, 1, server_ms}
   end
-  -- The lease, and on a type log the fair tag (what general's reservation tail writes).
-  local created = server_ms -- as general's
-  if created == 0 and VOUCHED then
-    created = caller
-  elseif created == 0 then
-    local tm = redis.call('TIME')
-    server_ms = tm[1] * 1000 + math.floor(tm[2] / 1000)
-    created = server_ms
-  end
-  local leases = base .. 'leases'
-  redis.call('HSET', leases, token, '1:' .. (fairq and 'y' or ('t=' .. ARGV[6] .. '/' .. ARGV[7])) .. ':' .. string.format('%d', created) .. ':' .. hlen .. ':' .. holder .. tenant)
+  -- On a type log the fair tag (the rest of general's reservation tail).
   local grown = {leases}
   if fairq then
     redis.call('ZADD', fairq, tag, token)
@@ -1180,13 +1192,16 @@ local function flush(log)
 end
 
 -- drop removes the L member e of cost c at s; a weighted one whose removal would rewrite
--- too many <cum>s is renamed to a "~" entry, which counts until it leaves its window.
+-- too many <cum>s is renamed to a "~" entry, which counts until it leaves its window. An
+-- entry L no longer holds leaves no "~" entry: a trim under a shorter window (a rule
+-- changed since it was reserved) took it, and its C entry with it (finish trims both at
+-- one floor), so it counts nowhere already.
 local function drop(log, e, s, c)
   flush(log)
-  if c > 1 and not c_remove(log, e, s, c) then
+  local held = redis.call('ZREM', log.L, e) == 1
+  if c > 1 and not c_remove(log, e, s, c) and held then
     redis.call('ZADD', log.L, fmt(s), '~' .. c .. ':' .. string.sub(e, string.find(e, ':', 1, true) + 1) .. '@' .. fmt(s))
   end
-  redis.call('ZREM', log.L, e)
   log.dirty = true
 end
 

@@ -211,14 +211,15 @@ type modelGen struct {
 	types   []modelType
 	now     int64
 	n       int
-	past    []modelOp // recent requests, to retry with the same member
-	waiting []modelOp // requests holding a reservation, to come back or be released
-	plan    []modelOp // calls to make next, before any other
-	backs   []modelOp // reserved tasks that come back around their instant, at op.at
+	past    []modelOp         // recent requests, to retry with the same member
+	waiting []modelOp         // requests holding a reservation, to come back or be released
+	plan    []modelOp         // calls to make next, before any other
+	backs   []modelOp         // reserved tasks that come back around their instant, at op.at
+	rerule  map[modelLog]bool // logs written under a shorter window than their rule's (underRule)
 }
 
 func newModelGen(seed uint64) *modelGen {
-	g := &modelGen{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: 1_700_000_000_000}
+	g := &modelGen{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: 1_700_000_000_000, rerule: map[modelLog]bool{}}
 	g.types = []modelType{
 		{name: "api:call", quotas: []throttle.Quota{g.quota(throttle.ScopeTenant)}},
 		{name: "{mail}", quotas: []throttle.Quota{g.quota(throttle.ScopeTenant), g.quota(throttle.ScopeType)}},
@@ -470,9 +471,12 @@ func (g *modelGen) done(op modelOp) {
 }
 
 // underRule returns op, a task coming back for its reservation, and one time in eight
-// under a rule that lowered its limits since it reserved (same scopes and windows, each
-// limit above the task's cost cut to cost to limit-1), as a tier or override does: its
-// claim must still fit.
+// under a rule that lowered its limits since it reserved (same scopes, each limit above
+// the task's cost cut to cost to limit-1), as a tier or override does: its claim must
+// still fit. One such rule in four also halves a window of 200ms or more (to the ms): a
+// call under it trims its logs by the shorter window, dropping entries, and perhaps
+// reservations, that the rule's own window still counts. The logs it writes are then
+// left out of checkLimits (g.rerule), whose windows are the rule's.
 func (g *modelGen) underRule(op modelOp) modelOp {
 	if g.rng.IntN(8) != 0 {
 		return op
@@ -484,8 +488,15 @@ func (g *modelGen) underRule(op modelOp) modelOp {
 			quotas[i].Limit.Events = cost + g.rng.IntN(n-cost)
 		}
 	}
-	op.req.Quotas = quotas
 	op.why += ",lowered"
+	if i := g.rng.IntN(4 * len(quotas)); i < len(quotas) && quotas[i].Limit.Window >= 2*modelUnit*time.Millisecond {
+		quotas[i].Limit.Window = msDuration(quotas[i].Limit.Window.Milliseconds() / 2)
+		op.why += ",shorter"
+		for _, q := range quotas {
+			g.rerule[modelLogOf(op.req.Key, q.Scope)] = true
+		}
+	}
+	op.req.Quotas = quotas
 	return op
 }
 
@@ -606,11 +617,12 @@ func checkTTL(fail func(string, ...any), key string, o observedKey, ttls modelTT
 
 // checkLimits is the model's own check that no window of a fixed rule holds more than its
 // limit, whatever was decided: each log under the quotas of its scope that its tenant's
-// requests carry (the type log under the rule's).
-func checkLimits(fail func(string, ...any), m *model, types []modelType) {
+// requests carry (the type log under the rule's), but for the logs in skip, written under
+// a shorter window (which may admit more in the rule's window: the rule changed).
+func checkLimits(fail func(string, ...any), m *model, types []modelType, skip map[modelLog]bool) {
 	for _, typ := range types {
 		for id, st := range m.logs {
-			if id.taskType != typ.name {
+			if id.taskType != typ.name || skip[id] {
 				continue
 			}
 			for _, q := range typ.quotasFor(id.tenant) {
@@ -651,7 +663,7 @@ func TestLimiter_AllowAt_matchesModel(t *testing.T) {
 		}
 		for _, c := range []string{"admitted", "admittedAhead", "replay", "denied", "reserved", "heldNotDue",
 			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "claimRefit", "fairSwapTypeOnly", "fairSwapOtherTier", "fairSwapTiered", "fairSwap", "oneLogFairSwap", "ghost", "candidate", "gapSlot", "endSlot",
-			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume", "fresh", "prioSwap", "prioAdmit", "fairSkipsPriority", "fairSkipsEarlierTag", "fairNextTag"} {
+			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume", "fresh", "prioSwap", "prioAdmit", "fairSkipsPriority", "fairSkipsEarlierTag", "fairNextTag", "shorter"} {
 			if total[c] == 0 {
 				t.Errorf("the fixed seeds never reach case %q: the model and the script are not compared there", c)
 			}
@@ -714,7 +726,7 @@ func runModel(t *testing.T, seed uint64, steps int) map[string]int {
 			fail("%d script calls observed, want 1", len(rdb.calls))
 		}
 		checkKeys(fail, m, throttle.DefaultPrefix, op.req.Key.TaskType, rdb.calls[0], ttls, serverMS)
-		checkLimits(fail, m, g.types)
+		checkLimits(fail, m, g.types, g.rerule)
 		g.done(op)
 	}
 	maps.Copy(stats, m.notes)
@@ -743,6 +755,7 @@ func countModelCase(stats map[string]int, op modelOp) {
 	oneLog := len(op.req.Quotas) == 1 && op.req.Cost <= 1 && op.req.Reservation != ""
 	inc("oneLogReserved", oneLog && d.Reserved && !d.Held)
 	inc("fresh", op.req.Fresh)
+	inc("shorter", strings.HasSuffix(op.why, ",shorter")) // a window a rule change halved (underRule)
 	inc("oneLogTypeReserved", oneLog && d.Reserved && !d.Held && op.req.Quotas[0].Scope == throttle.ScopeType)
 }
 
