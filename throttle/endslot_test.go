@@ -94,11 +94,13 @@ func TestLimiter_AllowAt_endSlotHintOtherQuota(t *testing.T) {
 	t.Parallel()
 	l, rdb := newLimiterClient(t, throttle.Config{})
 	long, short := tenantQuota(2, time.Second), tenantQuota(2, 10*time.Millisecond)
-	setup := func(t *testing.T) (throttle.Key, string) {
+	// Each subtest's reservation token is its own (the token is a task id: one lease per
+	// token on a task type, whichever tenant holds it).
+	setup := func(t *testing.T, y1 string) (throttle.Key, string) {
 		key := throttle.Key{TaskType: "api:call", Tenant: t.Name()}
 		mustAdmit(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{long}}, 1000)
 		mustAdmit(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{long}}, 1000)
-		resvWantReserved(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{long}, Reservation: "y1"}, 1000, 2000)
+		resvWantReserved(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{long}, Reservation: y1}, 1000, 2000)
 		log := l.RedisKey(key, throttle.ScopeTenant)
 		if _, ok := hintOf(t, rdb, log); !ok {
 			t.Fatal("after y1: no \"#e\"; want the hint")
@@ -107,7 +109,7 @@ func TestLimiter_AllowAt_endSlotHintOtherQuota(t *testing.T) {
 	}
 	t.Run("ClaimUnderAShorterWindow", func(t *testing.T) {
 		t.Parallel()
-		key, log := setup(t)
+		key, log := setup(t, "y1")
 		// y1 claims 5ms ahead under 2/10ms: its trim (<= 1985) drops both admissions at 1000.
 		d := allowAt(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{short}, Reservation: "y1", ClaimWait: 10 * time.Millisecond}, 1995)
 		if want := (outcome{Allowed: true, Held: true, Quota: short, Count: 1, Remaining: 1, Delay: msd(5), At: 2000}); outcomeOf(d) != want {
@@ -121,7 +123,7 @@ func TestLimiter_AllowAt_endSlotHintOtherQuota(t *testing.T) {
 	})
 	t.Run("AdmissionUnderAShorterWindow", func(t *testing.T) {
 		t.Parallel()
-		key, log := setup(t)
+		key, log := setup(t, "y2")
 		// Admitted at 1500 under 2/10ms, trimming both entries at 1000.
 		mustAdmit(t, l, throttle.Request{Key: key, Quotas: []throttle.Quota{short}, Reservation: "w"}, 1500)
 		if _, ok := hintOf(t, rdb, log); ok {
