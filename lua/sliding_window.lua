@@ -80,6 +80,17 @@
 -- earliest instant, keeping its tag. Only the general path does this: a priority's
 -- "p<p>:" before ARGV[5] fails the fast and one-log paths' cost-1 test.
 --
+-- SPACING. A call with spacing s > 0 ("s<s>:" in ARGV[5], ms per unit of cost) places a new
+-- reservation of cost c at the earliest instant, from max over its tenant logs of hiw (the
+-- latest instant the log holds: "#f", else hw) + s * c on, at which it fits, rather than
+-- from now on: a backlog's reservations go one per s, not in bursts at the instants of
+-- the admissions that filled the window (each window repeats the first's). Reserving
+-- later than the earliest never breaks a window. An admission (at now or within the
+-- wait), a claim, a lower priority's slot and a fair rank's displacement are not spaced;
+-- nor is a log of a type quota (its fair ranks interleave tenants). The one-log path
+-- spaces an end slot (t >= hiw: nothing after t, so room at t holds later) and hands a
+-- gap before hiw to general.
+--
 -- PAUSE. An event on a log paused until u > now (for an upstream 429) is denied until
 -- the latest such u, writing nothing, before lapses and claims: the binding quota is the
 -- first on a log paused that long. A pause never ends earlier when paused again (ZADD GT)
@@ -185,6 +196,9 @@ local fast_hs = nil -- the fast path's read of "#" on a log it hands to the one-
 
 repeat
   local extra = ARGV[5]
+  if extra and string.byte(extra, 1) == 115 then -- "s<spacing>:" (SPACING) spaces reservations only
+    extra = string.sub(extra, string.find(extra, ':', 1, true) + 1)
+  end
   if ARGV[1] == 'r' or ARGV[1] == 'p' or ARGV[1] == 'u' or ARGV[1] == '' or extra ~= '' and (string.byte(extra, 1) ~= 49 or string.byte(extra, 2) ~= 58) then
     break -- another op (release, pause, resume), the server's clock, or a cost other than 1
   end
@@ -395,7 +409,12 @@ end
 -- against general's 22 and its tables; 15 for a claim on a type log, against 17.
 
 repeat
-  local extra = ARGV[5]
+  local extra, spacing = ARGV[5], nil
+  if extra and string.byte(extra, 1) == 115 then -- "s<spacing>:" (SPACING)
+    local sp
+    sp, extra = string.match(extra, '^s(%d+):(.*)$')
+    spacing = tonumber(sp)
+  end
   if #ARGV ~= 8 or #KEYS ~= 1 or ARGV[1] == '' or string.byte(extra, 1) ~= 49 or string.byte(extra, 2) ~= 58 then
     break -- another op, the server's clock, several quotas or logs, or a cost other than 1
   end
@@ -605,6 +624,14 @@ repeat
   end
   if t > now and token == '' then
     return {0, lo, t - caller, now, 1, server_ms} -- a denial, writing nothing
+  end
+  if spacing and t > now and part ~= 'type' and t < hiw + spacing then
+    -- SPACING, as general's: at or after hiw nothing lies after t, so room at t holds
+    -- at every later instant; t before hiw (a gap) is general's to search from there.
+    if t < hiw then
+      break
+    end
+    t, exact_t = hiw + spacing, false -- not the earliest: no "#e" (END SLOT HINT)
   end
   -- FAIRNESS, as general's: from the instant of the reservation at the fair rank, the first
   -- of K_FAIR pending that is another tenant's, of cost 1 on this log alone (scopes "y"),
@@ -1410,13 +1437,19 @@ local member = fresh and string.sub(ARGV[2], 2) or ARGV[2]
 local cost, wait, claim_timeout, claim_wait, weight = 1, 0, DEFAULT_CLAIM_TIMEOUT, 0, 1
 local token, holder, tenant = '', '', ''
 local prio, prio_rec = 0, '' -- the priority, and its "p<priority>:" before the lease record
+local spacing = 0 -- SPACING, in ms per unit of cost
 if ARGV[5] ~= '' then
   -- ["p<priority>:"]"<cost>:<wait>:<claim timeout>:<claim wait>:<weight>:<n>:<token><n>:<holder><tenant>"
   local p, extra = string.match(ARGV[5], '^p(%d+):(.*)$')
   if p then
     prio, prio_rec = tonumber(p), 'p' .. p .. ':'
   end
-  local c, w, ct, cw, wt, n, rest = string.match(extra or ARGV[5], '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(.*)$')
+  extra = extra or ARGV[5]
+  local sp, after_sp = string.match(extra, '^s(%d+):(.*)$')
+  if sp then
+    spacing, extra = tonumber(sp), after_sp
+  end
+  local c, w, ct, cw, wt, n, rest = string.match(extra, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(.*)$')
   cost, wait, claim_timeout, claim_wait, weight = tonumber(c), tonumber(w), tonumber(ct), tonumber(cw), tonumber(wt)
   token = string.sub(rest, 1, tonumber(n))
   local hn, tail = string.match(string.sub(rest, tonumber(n) + 1), '^(%d+):(.*)$')
@@ -1828,6 +1861,23 @@ binding = binding or 1
 if token == '' then
   finish_all()
   return reply(0, 0, binding, count_at(quotas[binding], now, 0), now, t - caller, 0, held)
+end
+
+-- SPACING: a new reservation goes no earlier than spacing * cost after the latest instant
+-- of each of its tenant logs (hiw: "#f", else hw), at the earliest instant from there on
+-- at which it fits every log (placeable), unless it takes a lower priority's slot (v); a
+-- fair rank below may still give it an earlier slot on a type log. Later than the
+-- earliest never breaks a window, and it is not the earliest: no "#e" is left.
+if spacing > 0 and not v then
+  local floor = nil
+  for j = 1, m do
+    if j ~= type_log then
+      floor = math.max(floor or logs[j].hiw, logs[j].hiw)
+    end
+  end
+  if floor and t < floor + spacing * cost then
+    t = placeable(floor + spacing * cost)
+  end
 end
 
 -- Reserve: at a lower priority's slot (found above), else at the fair rank on a type quota.

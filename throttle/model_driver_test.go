@@ -130,9 +130,9 @@ func (op modelOp) String() string {
 	for _, q := range op.req.Quotas {
 		quotas = append(quotas, q.String())
 	}
-	return fmt.Sprintf("t=%d %s type=%q tenant=%q quotas=[%s] cost=%d member=%q token=%q w=%d p=%d wait=%v claim=%v timeout=%v -> %s",
+	return fmt.Sprintf("t=%d %s type=%q tenant=%q quotas=[%s] cost=%d member=%q token=%q w=%d p=%d wait=%v claim=%v timeout=%v spacing=%v -> %s",
 		op.at, op.why, op.req.Key.TaskType, op.req.Key.Tenant, strings.Join(quotas, " "), op.req.Cost, op.req.Member,
-		op.req.Reservation, op.req.Weight, op.req.Priority, op.req.MaxWait, op.req.ClaimWait, op.req.ClaimTimeout, op.decision)
+		op.req.Reservation, op.req.Weight, op.req.Priority, op.req.MaxWait, op.req.ClaimWait, op.req.ClaimTimeout, op.req.Spacing, op.decision)
 }
 
 // pauseOp makes op, a pause or a resume, on the script and the model, and returns the TTLs
@@ -277,6 +277,9 @@ func (g *modelGen) waits(req *throttle.Request) {
 		req.Priority = 1 + g.rng.IntN(3)
 	}
 	req.Holder = fmt.Sprintf("q%d/%s", g.rng.IntN(3), req.Reservation)
+	if g.rng.IntN(3) == 0 { // a worker with a bounded Concurrency (package worker)
+		req.Spacing = msDuration((1 + g.rng.Int64N(6)) * modelUnit / 2)
+	}
 }
 
 // next returns the next call.
@@ -663,7 +666,7 @@ func TestLimiter_AllowAt_matchesModel(t *testing.T) {
 		}
 		for _, c := range []string{"admitted", "admittedAhead", "replay", "denied", "reserved", "heldNotDue",
 			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "claimRefit", "fairSwapTypeOnly", "fairSwapOtherTier", "fairSwapTiered", "fairSwap", "oneLogFairSwap", "ghost", "candidate", "gapSlot", "endSlot",
-			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume", "fresh", "prioSwap", "prioAdmit", "fairSkipsPriority", "fairSkipsEarlierTag", "fairNextTag", "shorter"} {
+			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume", "fresh", "prioSwap", "prioAdmit", "fairSkipsPriority", "fairSkipsEarlierTag", "fairNextTag", "shorter", "spaced", "oneLogSpaced"} {
 			if total[c] == 0 {
 				t.Errorf("the fixed seeds never reach case %q: the model and the script are not compared there", c)
 			}
