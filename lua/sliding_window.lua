@@ -717,9 +717,16 @@ repeat
   end
   local leases = base .. 'leases'
   if t > now then
+    -- A token pending in P holds a reservation whose L entry a trim took (above): a late
+    -- claim, general's. Its lease may be gone (general's lapse of its reservation on
+    -- another log, after a rule's scopes changed, deletes the token's one lease), so P is
+    -- asked, not the lease alone.
+    if flags >= 4 and redis.call('ZSCORE', pkey, pm) then
+      break
+    end
     -- The lease first (what general's reservation tail writes), and only if the token has
-    -- none: one it has is of a reservation that left L in a trim (above), or that waits
-    -- on other logs (a rule whose scopes changed): general's, nothing written.
+    -- none: one it has is of a reservation that waits on other logs (a rule whose scopes
+    -- changed): general's, nothing written.
     local created = server_ms -- as general's
     if created == 0 and VOUCHED then
       created = caller

@@ -102,3 +102,50 @@ func TestLimiter_AllowAt_claimAfterShorterWindowTrim(t *testing.T) {
 		}
 	})
 }
+
+// TestLimiter_AllowAt_lateClaimWithoutLease: a token whose reservation is pending in P
+// with no lease (another log's lapse deleted it) and whose L entry has been trimmed is
+// still a late claim (P says it holds a reservation): general decides it afresh, Held,
+// with its claim wait as horizon. A one-log path that asked only the lease (HSETNX)
+// before reserving took it for a new one: Held false, and with a claim wait that covers
+// the slot, reserved where the contract admits. It asks P too.
+//
+// Rule type=2/1s; A1, A2 run at 1000 and X reserves 2000 on the type log (lease "y").
+// An override moves tenant A to tenant=2/1s: B1, B2 run at 1000 on A's tenant log, and X,
+// back at 1001 under it, is not pending there: it reserves 2000 on the tenant log (its
+// lease rewritten, "t=2/1000"), its type reservation left behind. At 3000 tenant B,
+// still under type=2/1s with a claim timeout of 1s, lapses X's old type reservation,
+// and with it X's lease. C1, C2 run at 3050 on A's tenant log (trimming <= 2050: X's L
+// entry). X comes back at 3100 (late, within its 5s claim timeout): P holds it.
+func TestLimiter_AllowAt_lateClaimWithoutLease(t *testing.T) {
+	t.Parallel()
+	typ := msQuota(throttle.ScopeType, 2, 1_000)
+	ten := msQuota(throttle.ScopeTenant, 2, 1_000)
+	Y, T := []throttle.Quota{typ}, []throttle.Quota{ten}
+	setup := []modelStep{
+		{at: 1_000, tenant: "A", quotas: Y, member: "A1"},
+		{at: 1_000, tenant: "A", quotas: Y, member: "A2"},
+		{at: 1_000, tenant: "A", quotas: Y, token: "X",
+			want: &modelDecision{Reserved: true, Quota: typ, Count: 2, Remaining: 0, RetryAfter: msDuration(1_000), At: 1_000}},
+		{at: 1_000, tenant: "A", quotas: T, member: "B1"},
+		{at: 1_000, tenant: "A", quotas: T, member: "B2"},
+		{at: 1_001, tenant: "A", quotas: T, token: "X",
+			want: &modelDecision{Reserved: true, Quota: ten, Count: 2, Remaining: 0, RetryAfter: msDuration(999), At: 1_001}},
+		{at: 3_000, tenant: "B", quotas: Y, member: "B", timeout: 1_000,
+			want: &modelDecision{Allowed: true, Quota: typ, Count: 1, Remaining: 1, At: 3_000}},
+		{at: 3_050, tenant: "A", quotas: T, member: "C1",
+			want: &modelDecision{Allowed: true, Quota: ten, Count: 1, Remaining: 1, At: 3_050}},
+		{at: 3_050, tenant: "A", quotas: T, member: "C2",
+			want: &modelDecision{Allowed: true, Quota: ten, Count: 2, Remaining: 0, At: 3_050}},
+	}
+	t.Run("ReservedAfreshHeld", func(t *testing.T) {
+		t.Parallel()
+		checkSequence(t, append(setup[:len(setup):len(setup)], modelStep{at: 3_100, tenant: "A", quotas: T, token: "X",
+			want: &modelDecision{Reserved: true, Held: true, Quota: ten, Count: 2, Remaining: 0, RetryAfter: msDuration(950), At: 3_100}}))
+	})
+	t.Run("AdmittedWithinClaimWait", func(t *testing.T) {
+		t.Parallel()
+		checkSequence(t, append(setup[:len(setup):len(setup)], modelStep{at: 3_100, tenant: "A", quotas: T, token: "X", claim: 1_000,
+			want: &modelDecision{Allowed: true, Held: true, Quota: ten, Count: 1, Remaining: 1, Delay: msDuration(950), At: 4_050}}))
+	})
+}
