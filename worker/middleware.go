@@ -71,6 +71,20 @@ type Config struct {
 	// never run: asynq re-queues in whole seconds, so it never comes back on its very
 	// millisecond). Defaults to 0: no bound, every worker slot may wait (before this field
 	// existed, the only behaviour).
+	//
+	// Bounded waiting slots change two things, so that the tasks due in each second fit
+	// them. Reservations are spread out (throttle.Request.Spacing: the rule's longest
+	// Window/Events over its tenant quotas): without it a backlog's reservations fall on
+	// the instants of the admissions that filled the first window, as many per instant as
+	// ran at once (Concurrency), more than Concurrency - 1 slots can wait for, and a task
+	// that cannot wait for its instant comes back after it and loses its slot. And while
+	// half the waiting slots or more are taken, a task comes back for its reservation
+	// into a slot only from scarceClaimWait before its instant (WakeLead less asynq's whole
+	// second), so that slots go to the tasks due soonest; one due later is re-queued at
+	// once (a denial, writing nothing) and asks again one forwarder interval later. With
+	// Concurrency 10, "tenant=20/1s" and a backlog, reserved tasks so get their whole
+	// limit (TestWaitSlots_notHostage), against 45-50 % without either, at the cost of a
+	// few more limiter calls per task (each a claim ahead, denied).
 	Concurrency int
 	// NoReservations turns reservations off: a denied task is told to retry when the
 	// oldest entry it waits for leaves the window, the instant every task denied meanwhile
@@ -456,10 +470,40 @@ func (m *middleware) request(ctx context.Context, task *asynq.Task, key throttle
 		req.Holder = m.holder(ctx, task)
 		req.MaxWait = wait(min(NewcomerWait, m.maxWait))
 		req.ClaimWait = wait(m.maxWait)
+		if m.slots != nil {
+			req.Spacing = spacing(eff.Rule.Quotas)
+			if slot && m.slots.scarce() {
+				req.ClaimWait = min(req.ClaimWait, m.scarceClaimWait())
+			}
+		}
 		req.ClaimTimeout = m.claimTimeout
 		req.Priority = m.priorityOf(ctx)
 	}
 	return req
+}
+
+// spacing is the throttle.Request.Spacing of a task under quotas: the longest
+// Window/Events of a ScopeTenant quota, the least average time between two of its
+// events that every one of them allows (0 without one: a type quota's fair ranks
+// interleave the tenants, see throttle.Request.Spacing).
+func spacing(quotas []throttle.Quota) time.Duration {
+	var most time.Duration
+	for _, q := range quotas {
+		if q.Scope == throttle.ScopeTenant {
+			most = max(most, q.Limit.Window/time.Duration(q.Limit.Events))
+		}
+	}
+	return most
+}
+
+// scarceClaimWait is the ClaimWait of a task that takes one of the last half of the
+// waiting slots: WakeLead less asynq's whole second of retry-time rounding, so the
+// forwarder interval and 250ms (DefaultWakeLead), at least 250ms. A task re-queued at once
+// (its wake instant past) is back within about one forwarder interval and a poll, less
+// than that, so it is asked again inside the span and never skips over it to come back
+// late.
+func (m *middleware) scarceClaimWait() time.Duration {
+	return max(m.lead-time.Second, 250*time.Millisecond)
 }
 
 // weightFor is key's share of its rule's ScopeType quotas: eff's (a tier's or the

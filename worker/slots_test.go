@@ -34,17 +34,20 @@ import (
 //     handlers are spread over several instants;
 //   - every api:call runs once, admitted once, and no 1 s holds more than 20 admissions
 //     (their Decision.At, the instants the limiter logged);
-//   - the TasksWaiting gauge, sampled every ms, never exceeds 9, and reaches 9 (the bound
-//     is what binds: 20/s woken up to WakeLead early keeps ~27 tasks waiting).
+//   - api:call gets at least 95 % of its limit over the 15 s after its first second
+//     (measured: 100 %, 5 limiter calls a task; 45-50 % and 10 before spacing);
+//   - the TasksWaiting gauge, sampled every ms, never exceeds 9, and reaches 5 at least:
+//     the scarce regime, half the slots taken, where a task due later than
+//     scarceClaimWait (350ms here) leaves its slot to one due sooner.
 //
-// The share of the limit api:call gets is logged, not asserted: 45-50 % measured, against
-// 66 % with no bound (Concurrency 0), not the issue's 95 %. The window log repeats a
-// burst every window: the first tasks were admitted 10 at a time (all workers at once),
-// so the reservations come 10 to an instant, and a task must call before its instant to
-// be admitted for it (late, it is decided afresh and the next window's reservations leave
-// it no room: the slot is lost). 10 tasks cannot all wait for one instant in 9 waiting
-// slots. Reaching 95 % needs the limiter to spread reservations (see README, "What
-// happens to a denied task").
+// Two things make the share. Reservations are spaced (Config.Concurrency): the first
+// tasks were admitted 10 at a time (all workers at once), and unspaced the backlog's
+// reservations came 10 to an instant, window after window; a task must call before its
+// instant to be admitted for it, 10 cannot all wait for one instant in 9 slots, and one
+// that came back late was decided afresh behind the whole backlog (its slot lost). And
+// while slots are scarce they go to the tasks due soonest: tasks come back at whole
+// seconds, so each second's 20 arrive together, and ones due late in the second would
+// otherwise hold the slots that ones due early need.
 func TestWaitSlots_notHostage(t *testing.T) {
 	t.Parallel()
 	const (
@@ -128,7 +131,7 @@ func TestWaitSlots_notHostage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// 400 tasks at 20/s take 20 s; at the 45-50 % measured, 40-45 s. Allow 80 s.
+	// 400 tasks at 20/s take 20 s; allow 80 s.
 	waitUntil(t, 80*time.Second, "every task ran", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -172,11 +175,16 @@ func TestWaitSlots_notHostage(t *testing.T) {
 			steady++
 		}
 	}
-	if got := maxWaiting.Load(); got != concurrency-1 {
-		t.Errorf("at most %d tasks waited in handlers at once, want exactly %d (Concurrency - 1)", got, concurrency-1)
+	if got := maxWaiting.Load(); got > concurrency-1 || got < (concurrency-1+1)/2 {
+		t.Errorf("at most %d tasks waited in handlers at once, want %d to %d (half the waiting slots to Concurrency - 1)",
+			got, (concurrency-1+1)/2, concurrency-1)
 	}
-	t.Logf("report:build start latency <= %s; api:call %d admissions in the 15 s steady span (%.1f%% of the limit); at most %d waiting",
-		worst.Round(time.Millisecond), steady, float64(steady)*100/(limit*15), maxWaiting.Load())
+	if share := float64(steady) / (limit * 15); share < 0.95 {
+		t.Errorf("api:call got %d admissions in the 15 s after its first second, %.1f%% of the limit; want >= 95%%", steady, share*100)
+	}
+	denied := toFloat64(t, metrics.Decisions.WithLabelValues("api:call", worker.OutcomeDenied))
+	t.Logf("report:build start latency <= %s; api:call %d admissions in the 15 s steady span (%.1f%% of the limit), %.1f limiter calls a task; at most %d waiting",
+		worst.Round(time.Millisecond), steady, float64(steady)*100/(limit*15), 1+denied/calls, maxWaiting.Load())
 }
 
 // TestWaitSlots_concurrencyOne: an asynq server of Concurrency 1 (worker.Config.Concurrency

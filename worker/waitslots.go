@@ -48,3 +48,10 @@ func (s waitSlots) give() {
 		<-s
 	}
 }
+
+// scarce reports whether half the waiting slots or more are taken (none are scarce
+// without a bound): then a task due later than Config.Concurrency's scarceClaimWait
+// leaves its slot to one due sooner.
+func (s waitSlots) scarce() bool {
+	return s != nil && 2*len(s) >= cap(s)
+}
