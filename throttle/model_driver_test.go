@@ -211,15 +211,18 @@ type modelGen struct {
 	types   []modelType
 	now     int64
 	n       int
-	past    []modelOp         // recent requests, to retry with the same member
-	waiting []modelOp         // requests holding a reservation, to come back or be released
-	plan    []modelOp         // calls to make next, before any other
-	backs   []modelOp         // reserved tasks that come back around their instant, at op.at
-	rerule  map[modelLog]bool // logs written under a shorter window than their rule's (underRule)
+	past    []modelOp // recent requests, to retry with the same member
+	waiting []modelOp // requests holding a reservation, to come back or be released
+	plan    []modelOp // calls to make next, before any other
+	backs   []modelOp // reserved tasks that come back around their instant, at op.at
+	// off is, per log, the latest instant it held after a call under other quotas than
+	// its rule's (a halved window, other scopes, a higher limit): checkLimits checks only
+	// the windows that start after it.
+	off map[modelLog]int64
 }
 
 func newModelGen(seed uint64) *modelGen {
-	g := &modelGen{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: 1_700_000_000_000, rerule: map[modelLog]bool{}}
+	g := &modelGen{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: 1_700_000_000_000, off: map[modelLog]int64{}}
 	g.types = []modelType{
 		{name: "api:call", quotas: []throttle.Quota{g.quota(throttle.ScopeTenant)}},
 		{name: "{mail}", quotas: []throttle.Quota{g.quota(throttle.ScopeTenant), g.quota(throttle.ScopeType)}},
@@ -473,14 +476,58 @@ func (g *modelGen) done(op modelOp) {
 	}
 }
 
-// underRule returns op, a task coming back for its reservation, and one time in eight
-// under a rule that lowered its limits since it reserved (same scopes, each limit above
-// the task's cost cut to cost to limit-1), as a tier or override does: its claim must
-// still fit. One such rule in four also halves a window of 200ms or more (to the ms): a
-// call under it trims its logs by the shorter window, dropping entries, and perhaps
-// reservations, that the rule's own window still counts. The logs it writes are then
-// left out of checkLimits (g.rerule), whose windows are the rule's.
+// rescope returns op, a task coming back for its reservation, one time in six with
+// another claim timeout (shorter than a window, perhaps), and one time in four under
+// other scopes, as a tier or an override that moved the tenant does: one quota's scope
+// flipped (tenant= and type=), one dropped, or one of the other scope added. Its token's
+// reservation then waits on logs the call does not carry, or the call carries logs where
+// it waits nowhere.
+func (g *modelGen) rescope(op modelOp) modelOp {
+	if g.rng.IntN(6) == 0 {
+		op.req.ClaimTimeout = msDuration((1 + g.rng.Int64N(40)) * modelUnit)
+		op.why += ",ct"
+	}
+	if g.rng.IntN(4) != 0 {
+		return op
+	}
+	quotas := slices.Clone(op.req.Quotas)
+	other := func(s throttle.Scope) throttle.Scope {
+		if s == throttle.ScopeType {
+			return throttle.ScopeTenant
+		}
+		return throttle.ScopeType
+	}
+	switch i := g.rng.IntN(len(quotas)); g.rng.IntN(3) {
+	case 0:
+		quotas[i].Scope = other(quotas[i].Scope)
+	case 1:
+		if len(quotas) > 1 {
+			quotas = slices.Delete(quotas, i, i+1)
+		} else {
+			quotas[0].Scope = other(quotas[0].Scope)
+		}
+	case 2:
+		q := quotas[i]
+		q.Scope = other(q.Scope)
+		if len(quotas) < 3 {
+			quotas = append(quotas, q)
+		} else {
+			quotas[0] = q
+		}
+	}
+	op.req.Quotas = quotas
+	op.why += ",rescoped"
+	return op
+}
+
+// underRule returns op, a task coming back for its reservation, perhaps rescoped, and one
+// time in eight under a rule that lowered its limits since it reserved (same scopes, each
+// limit above the task's cost cut to cost to limit-1), as a tier or override does: its
+// claim must still fit. One such rule in four also halves a window of 200ms or more (to
+// the ms): a call under it trims its logs by the shorter window, dropping entries, and
+// perhaps reservations, that the rule's own window still counts (see checkLimits).
 func (g *modelGen) underRule(op modelOp) modelOp {
+	op = g.rescope(op)
 	if g.rng.IntN(8) != 0 {
 		return op
 	}
@@ -495,9 +542,6 @@ func (g *modelGen) underRule(op modelOp) modelOp {
 	if i := g.rng.IntN(4 * len(quotas)); i < len(quotas) && quotas[i].Limit.Window >= 2*modelUnit*time.Millisecond {
 		quotas[i].Limit.Window = msDuration(quotas[i].Limit.Window.Milliseconds() / 2)
 		op.why += ",shorter"
-		for _, q := range quotas {
-			g.rerule[modelLogOf(op.req.Key, q.Scope)] = true
-		}
 	}
 	op.req.Quotas = quotas
 	return op
@@ -618,20 +662,65 @@ func checkTTL(fail func(string, ...any), key string, o observedKey, ttls modelTT
 	}
 }
 
+// offRule reports whether op is decided under other quotas than its tenant's rule
+// (modelType.quotasFor): other scopes, windows, a quota more or less, or a higher limit.
+// A lower limit is on the rule: it admits no more than the rule would.
+func offRule(types []modelType, op modelOp) bool {
+	for _, typ := range types {
+		if typ.name != op.req.Key.TaskType {
+			continue
+		}
+		want := typ.quotasFor(op.req.Key.Tenant)
+		if len(want) != len(op.req.Quotas) {
+			return true
+		}
+		for i, q := range op.req.Quotas {
+			if q.Scope != want[i].Scope || q.Limit.Window != want[i].Limit.Window || q.Limit.Events > want[i].Limit.Events {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// markOff records, after op, the latest instant of each log op wrote when op was
+// decided off its rule (offRule): the windows of the rule that start after it hold only
+// what calls under the rule decided.
+func (g *modelGen) markOff(m *model, op modelOp) {
+	if op.release || op.pause > 0 || op.resume || !offRule(g.types, op) {
+		return
+	}
+	for _, q := range op.req.Quotas {
+		id := modelLogOf(op.req.Key, q.Scope)
+		if st := m.logs[id]; st != nil {
+			g.off[id] = max(g.off[id], st.hiw, st.hw)
+		}
+	}
+}
+
 // checkLimits is the model's own check that no window of a fixed rule holds more than its
 // limit, whatever was decided: each log under the quotas of its scope that its tenant's
-// requests carry (the type log under the rule's), but for the logs in skip, written under
-// a shorter window (which may admit more in the rule's window: the rule changed).
-func checkLimits(fail func(string, ...any), m *model, types []modelType, skip map[modelLog]bool) {
+// requests carry (the type log under the rule's), in every window that starts after the
+// log's latest instant when a call off the rule wrote it (off: such a call, a halved
+// window or other scopes, may admit more in the rule's window, or trim what it counts).
+func checkLimits(fail func(string, ...any), m *model, types []modelType, off map[modelLog]int64) {
 	for _, typ := range types {
 		for id, st := range m.logs {
-			if id.taskType != typ.name || skip[id] {
+			if id.taskType != typ.name {
 				continue
 			}
+			since, changed := off[id]
 			for _, q := range typ.quotasFor(id.tenant) {
-				if q.Scope == id.scope {
-					if most := st.maxWindow(q.Limit.Window.Milliseconds()); most > q.Limit.Events {
-						fail("log %+v holds %d slots in a window of %s, over its limit %d", id, most, q.Limit.Window, q.Limit.Events)
+				if q.Scope != id.scope {
+					continue
+				}
+				w := q.Limit.Window.Milliseconds()
+				for _, e := range st.entries {
+					if changed && e.score-w < since {
+						continue
+					}
+					if n := st.entries.sum(e.score-w, e.score); n > q.Limit.Events {
+						fail("log %+v holds %d slots in the window (%d, %d] of %s, over its limit %d", id, n, e.score-w, e.score, q.Limit.Window, q.Limit.Events)
 					}
 				}
 			}
@@ -666,7 +755,7 @@ func TestLimiter_AllowAt_matchesModel(t *testing.T) {
 		}
 		for _, c := range []string{"admitted", "admittedAhead", "replay", "denied", "reserved", "heldNotDue",
 			"claimed", "cost>1", "multiQuota", "deniedBy2nd+", "lapse", "lateClaim", "claimRefit", "fairSwapTypeOnly", "fairSwapOtherTier", "fairSwapTiered", "fairSwap", "oneLogFairSwap", "ghost", "candidate", "gapSlot", "endSlot",
-			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume", "fresh", "prioSwap", "prioAdmit", "fairSkipsPriority", "fairSkipsEarlierTag", "fairNextTag", "shorter", "spaced", "oneLogSpaced"} {
+			"oneLogReserved", "oneLogTypeReserved", "pause", "paused", "resume", "fresh", "prioSwap", "prioAdmit", "fairSkipsPriority", "fairSkipsEarlierTag", "fairNextTag", "shorter", "rescoped", "spaced", "oneLogSpaced"} {
 			if total[c] == 0 {
 				t.Errorf("the fixed seeds never reach case %q: the model and the script are not compared there", c)
 			}
@@ -729,7 +818,8 @@ func runModel(t *testing.T, seed uint64, steps int) map[string]int {
 			fail("%d script calls observed, want 1", len(rdb.calls))
 		}
 		checkKeys(fail, m, throttle.DefaultPrefix, op.req.Key.TaskType, rdb.calls[0], ttls, serverMS)
-		checkLimits(fail, m, g.types, g.rerule)
+		g.markOff(m, op)
+		checkLimits(fail, m, g.types, g.off)
 		g.done(op)
 	}
 	maps.Copy(stats, m.notes)
@@ -758,7 +848,8 @@ func countModelCase(stats map[string]int, op modelOp) {
 	oneLog := len(op.req.Quotas) == 1 && op.req.Cost <= 1 && op.req.Reservation != ""
 	inc("oneLogReserved", oneLog && d.Reserved && !d.Held)
 	inc("fresh", op.req.Fresh)
-	inc("shorter", strings.HasSuffix(op.why, ",shorter")) // a window a rule change halved (underRule)
+	inc("shorter", strings.HasSuffix(op.why, ",shorter"))  // a window a rule change halved (underRule)
+	inc("rescoped", strings.Contains(op.why, ",rescoped")) // a reserved task back under other scopes (rescope)
 	inc("oneLogTypeReserved", oneLog && d.Reserved && !d.Held && op.req.Quotas[0].Scope == throttle.ScopeType)
 }
 

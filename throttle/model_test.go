@@ -1271,13 +1271,3 @@ func (st *modelState) sentinels() (hash float64, f float64, hasF bool) {
 	}
 	return hash, 0, false
 }
-
-// maxWindow is the most slots any window of w ms holds in the log: the model's own check
-// of the limit, independent of how decisions were made.
-func (st *modelState) maxWindow(w int64) int {
-	most := 0
-	for _, e := range st.entries {
-		most = max(most, st.entries.sum(e.score-w, e.score))
-	}
-	return most
-}
