@@ -80,16 +80,17 @@
 -- earliest instant, keeping its tag. Only the general path does this: a priority's
 -- "p<p>:" before ARGV[5] fails the fast and one-log paths' cost-1 test.
 --
--- SPACING. A call with spacing s > 0 ("s<s>:" in ARGV[5], ms per unit of cost) places a new
--- reservation of cost c at the earliest instant, from max over its tenant logs of hiw (the
--- latest instant the log holds: "#f", else hw) + s * c on, at which it fits, rather than
--- from now on: a backlog's reservations go one per s, not in bursts at the instants of
--- the admissions that filled the window (each window repeats the first's). Reserving
--- later than the earliest never breaks a window. An admission (at now or within the
--- wait), a claim, a lower priority's slot and a fair rank's displacement are not spaced;
--- nor is a log of a type quota (its fair ranks interleave tenants). The one-log path
--- spaces an end slot (t >= hiw: nothing after t, so room at t holds later) and hands a
--- gap before hiw to general.
+-- SPACING. A call that spreads ("s:" before ARGV[5]'s cost) places a new reservation of
+-- cost c whose binding quota (the one that holds it back) is a tenant quota of limit n
+-- and window W at the earliest instant, from that quota's log's hiw (the latest instant
+-- the log holds: "#f", else hw) + floor(c * W / n) on, at which it fits, rather than from
+-- now on: a backlog's reservations go at the binding quota's average rate, not in bursts
+-- at the instants of the admissions that filled its window (each window repeats the
+-- first's). Reserving later than the earliest never breaks a window, and c <= n bounds
+-- the step by W. An admission (at now or within the wait), a claim, a lower priority's
+-- slot, a fair rank's displacement and a type quota's binding (its fair ranks interleave
+-- tenants) are not spaced. The one-log path spaces an end slot (t >= hiw: nothing after
+-- t, so room at t holds later) and hands a gap before hiw to general.
 --
 -- PAUSE. An event on a log paused until u > now (for an upstream 429) is denied until
 -- the latest such u, writing nothing, before lapses and claims: the binding quota is the
@@ -196,8 +197,8 @@ local fast_hs = nil -- the fast path's read of "#" on a log it hands to the one-
 
 repeat
   local extra = ARGV[5]
-  if extra and string.byte(extra, 1) == 115 then -- "s<spacing>:" (SPACING) spaces reservations only
-    extra = string.sub(extra, string.find(extra, ':', 1, true) + 1)
+  if extra and string.byte(extra, 1) == 115 then -- "s:" (SPACING) spaces reservations only
+    extra = string.sub(extra, 3)
   end
   if ARGV[1] == 'r' or ARGV[1] == 'p' or ARGV[1] == 'u' or ARGV[1] == '' or extra ~= '' and (string.byte(extra, 1) ~= 49 or string.byte(extra, 2) ~= 58) then
     break -- another op (release, pause, resume), the server's clock, or a cost other than 1
@@ -400,20 +401,19 @@ end
 -- the end slot; else, with nothing ahead, the k-th entry of the window leaving it; else
 -- the log's end slot and, before it, the first K_CAND instants where an entry leaves a
 -- window (none fitting and the log sparse after now: general, for gap_slot). Then an
--- admission at now, a denial, or
--- a new reservation (on a type log, at its fair rank). A token that holds a
--- reservation due within its claim wait claims it in place (one further ahead is denied
--- until then). It hands over to general, having written nothing, for anything else: a
--- replay, a skewed clock, a lapse due, a late claim (its L entry there, or trimmed: P or
--- its lease says so), an exact check, an admission for later. About 13 commands for a reservation on a tenant log with the hint (16 without),
--- against general's 22 and its tables; 15 for a claim on a type log, against 17.
+-- admission at now, a denial, or a new reservation (on a type log, at its fair rank; on
+-- a tenant log spaced, SPACING, at the end slot). A token that holds a reservation due
+-- within its claim wait claims it in place (one further ahead is denied until then). It
+-- hands over to general, having written nothing, for anything else: a replay, a skewed
+-- clock, a lapse due, a late claim (its L entry there, or trimmed: P says so), a lease
+-- on other logs, an exact check, an admission for later, a spaced gap. About 14 commands
+-- for a reservation on a tenant log with the hint (17 without), against general's 22 and
+-- its tables; 15 for a claim on a type log, against 17.
 
 repeat
-  local extra, spacing = ARGV[5], nil
-  if extra and string.byte(extra, 1) == 115 then -- "s<spacing>:" (SPACING)
-    local sp
-    sp, extra = string.match(extra, '^s(%d+):(.*)$')
-    spacing = tonumber(sp)
+  local extra, spread = ARGV[5], false
+  if extra and string.byte(extra, 1) == 115 then -- "s:" (SPACING)
+    extra, spread = string.sub(extra, 3), true
   end
   if #ARGV ~= 8 or #KEYS ~= 1 or ARGV[1] == '' or string.byte(extra, 1) ~= 49 or string.byte(extra, 2) ~= 58 then
     break -- another op, the server's clock, several quotas or logs, or a cost other than 1
@@ -625,13 +625,13 @@ repeat
   if t > now and token == '' then
     return {0, lo, t - caller, now, 1, server_ms} -- a denial, writing nothing
   end
-  if spacing and t > now and part ~= 'type' and t < hiw + spacing then
+  if spread and t > now and part ~= 'type' and t < hiw + math.floor(w / limit) then
     -- SPACING, as general's: at or after hiw nothing lies after t, so room at t holds
     -- at every later instant; t before hiw (a gap) is general's to search from there.
     if t < hiw then
       break
     end
-    t, exact_t = hiw + spacing, false -- not the earliest: no "#e" (END SLOT HINT)
+    t, exact_t = hiw + math.floor(w / limit), false -- not the earliest: no "#e" (END SLOT HINT)
   end
   -- FAIRNESS, as general's: from the instant of the reservation at the fair rank, the first
   -- of K_FAIR pending that is another tenant's, of cost 1 on this log alone (scopes "y"),
@@ -1444,7 +1444,7 @@ local member = fresh and string.sub(ARGV[2], 2) or ARGV[2]
 local cost, wait, claim_timeout, claim_wait, weight = 1, 0, DEFAULT_CLAIM_TIMEOUT, 0, 1
 local token, holder, tenant = '', '', ''
 local prio, prio_rec = 0, '' -- the priority, and its "p<priority>:" before the lease record
-local spacing = 0 -- SPACING, in ms per unit of cost
+local spread = false -- SPACING
 if ARGV[5] ~= '' then
   -- ["p<priority>:"]"<cost>:<wait>:<claim timeout>:<claim wait>:<weight>:<n>:<token><n>:<holder><tenant>"
   local p, extra = string.match(ARGV[5], '^p(%d+):(.*)$')
@@ -1452,9 +1452,8 @@ if ARGV[5] ~= '' then
     prio, prio_rec = tonumber(p), 'p' .. p .. ':'
   end
   extra = extra or ARGV[5]
-  local sp, after_sp = string.match(extra, '^s(%d+):(.*)$')
-  if sp then
-    spacing, extra = tonumber(sp), after_sp
+  if string.byte(extra, 1) == 115 then -- "s:"
+    spread, extra = true, string.sub(extra, 3)
   end
   local c, w, ct, cw, wt, n, rest = string.match(extra, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(.*)$')
   cost, wait, claim_timeout, claim_wait, weight = tonumber(c), tonumber(w), tonumber(ct), tonumber(cw), tonumber(wt)
@@ -1870,20 +1869,17 @@ if token == '' then
   return reply(0, 0, binding, count_at(quotas[binding], now, 0), now, t - caller, 0, held)
 end
 
--- SPACING: a new reservation goes no earlier than spacing * cost after the latest instant
--- of each of its tenant logs (hiw: "#f", else hw), at the earliest instant from there on
--- at which it fits every log (placeable), unless it takes a lower priority's slot (v); a
--- fair rank below may still give it an earlier slot on a type log. Later than the
--- earliest never breaks a window, and it is not the earliest: no "#e" is left.
-if spacing > 0 and not v then
-  local floor = nil
-  for j = 1, m do
-    if j ~= type_log then
-      floor = math.max(floor or logs[j].hiw, logs[j].hiw)
-    end
-  end
-  if floor and t < floor + spacing * cost then
-    t = placeable(floor + spacing * cost)
+-- SPACING: a new reservation held back by a tenant quota goes no earlier than
+-- floor(cost * W / limit) of it after the latest instant of its log (hiw: "#f", else hw),
+-- at the earliest instant from there on at which it fits every log (placeable), unless it
+-- takes a lower priority's slot (v); a fair rank below may still give it an earlier slot
+-- on a type log. Later than the earliest never breaks a window, and it is not the
+-- earliest: no "#e" is left (any write of general's drops it).
+if spread and not v and quotas[binding].log ~= tlog then
+  local q = quotas[binding]
+  local from = q.log.hiw + math.floor(cost * q.w / q.limit)
+  if t < from then
+    t = placeable(from)
   end
 end
 

@@ -169,25 +169,25 @@ type Request struct {
 	// ClaimTimeout is how long after its instant a reservation may still be claimed; then it
 	// lapses and stops counting. Defaults to DefaultClaimTimeout.
 	ClaimTimeout time.Duration
-	// Spacing spreads new reservations out: a Reservation made by this call on a log of a
-	// ScopeTenant quota is placed no earlier than Spacing x Cost after the latest instant
-	// that log holds (an admission's or a reservation's), at the earliest instant from
-	// there on at which it fits every quota, instead of the earliest after now. Reserving
-	// later than the earliest never breaks a window; the spaced instant goes to a log's
-	// end, so a backlog drains at most one event per Spacing (at W/Events, the quota's own
-	// average rate) rather than in bursts that repeat the first burst's instants window
-	// after window. The middleware sets it with a bounded Concurrency, whose waiting slots
-	// cannot hold a burst of tasks due at one instant (worker.Config.Concurrency).
-	// Admissions (at now or within MaxWait), claims, a slot taken from a lower priority
-	// (Priority) and a reservation a fair rank displaces (type quotas) are not spaced.
-	// Zero: the earliest instant. Milliseconds, rounded down; a negative Spacing is
-	// ErrInvalid.
-	Spacing time.Duration
+	// Spread spaces new reservations out: a Reservation made by this call that a
+	// ScopeTenant quota holds back (its binding quota, Decision.Quota) is placed no earlier
+	// than Cost x Window/Events of that quota (rounded down to the ms) after the latest
+	// instant its log holds (an admission's or a reservation's), at the earliest instant
+	// from there on at which it fits every quota, instead of the earliest after now.
+	// Reserving later than the earliest never breaks a window; a backlog so drains at the
+	// binding quota's average rate, evenly, rather than in bursts that repeat the
+	// instants of the admissions that filled its window, window after window. The
+	// middleware sets it with a bounded Concurrency, whose waiting slots cannot hold a
+	// burst of tasks due at one instant (worker.Config.Concurrency). Admissions (at now or
+	// within MaxWait), claims, a slot taken from a lower priority (Priority), a reservation
+	// a fair rank displaces, and one a ScopeType quota holds back (its fair ranks
+	// interleave the tenants) are not spaced. False: the earliest instant.
+	Spread bool
 }
 
 // ErrInvalid matches, under errors.Is, every error that Allow returns for a request that
 // could never be decided: no task type, a tenant longer than MaxTenantBytes, no quota, a
-// bad Limit or Scope, a cost outside [1, Events], a bad Member, Weight, Priority, wait or Spacing, or an
+// bad Limit or Scope, a cost outside [1, Events], a bad Member, Weight, Priority or wait, or an
 // instant outside 1970-2109. Such errors are returned before any Redis command is sent.
 var ErrInvalid = errors.New("throttle: invalid request")
 
@@ -549,7 +549,7 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverCl
 	}
 	// extra is empty for the commonest call; the script's header documents its fields.
 	extra := ""
-	if cost != 1 || req.Reservation != "" || req.MaxWait != 0 || claimTimeout != DefaultClaimTimeout || req.Priority != 0 || req.Spacing >= time.Millisecond {
+	if cost != 1 || req.Reservation != "" || req.MaxWait != 0 || claimTimeout != DefaultClaimTimeout || req.Priority != 0 || req.Spread {
 		var buf [128]byte
 		extra = string(appendExtra(buf[:0], &req, cost, weight, claimTimeout))
 	}
@@ -607,12 +607,11 @@ func (l *Limiter) decide(ctx context.Context, req Request, nowMS int64, serverCl
 // appendExtra appends to b the script's extra argument (ARGV[5]) for req, of cost, weight
 // and claimTimeout (defaulted):
 //
-//	[p<priority>:][s<spacing ms>:]<cost>:<max wait ms>:<claim timeout ms>:<claim wait ms>:<weight>:<n>:<reservation><m>:<holder><tenant>
+//	[p<priority>:][s:]<cost>:<max wait ms>:<claim timeout ms>:<claim wait ms>:<weight>:<n>:<reservation><m>:<holder><tenant>
 //
 // with n and m the bytes of the reservation and the holder, the tenant escaped by
 // url.PathEscape, "p<priority>:" only for a priority above 0 (first: the fast and
-// one-log paths hand it to the general path) and "s<spacing ms>:" only for a Spacing of
-// 1ms or more. It is what fmt.Sprintf with
+// one-log paths hand it to the general path) and "s:" only with Spread. It is what fmt.Sprintf with
 // "%d:%d:%d:%d:%d:%d:%s%d:%s%s" writes, without boxing eleven values per decision.
 func appendExtra(b []byte, req *Request, cost, weight int, claimTimeout time.Duration) []byte {
 	if req.Priority != 0 {
@@ -620,10 +619,8 @@ func appendExtra(b []byte, req *Request, cost, weight int, claimTimeout time.Dur
 		b = strconv.AppendInt(b, int64(req.Priority), 10)
 		b = append(b, ':')
 	}
-	if sp := req.Spacing.Milliseconds(); sp > 0 {
-		b = append(b, 's')
-		b = strconv.AppendInt(b, sp, 10)
-		b = append(b, ':')
+	if req.Spread {
+		b = append(b, 's', ':')
 	}
 	for _, n := range [...]int64{int64(cost), req.MaxWait.Milliseconds(), claimTimeout.Milliseconds(),
 		req.ClaimWait.Milliseconds(), int64(weight), int64(len(req.Reservation))} {
@@ -670,7 +667,7 @@ func validate(req Request) (int, error) {
 	for _, w := range [...]struct {
 		name string
 		d    time.Duration
-	}{{"MaxWait", req.MaxWait}, {"ClaimWait", req.ClaimWait}, {"ClaimTimeout", req.ClaimTimeout}, {"Spacing", req.Spacing}} {
+	}{{"MaxWait", req.MaxWait}, {"ClaimWait", req.ClaimWait}, {"ClaimTimeout", req.ClaimTimeout}} {
 		if w.d < 0 || w.d.Milliseconds() >= maxMS {
 			return 0, invalid("%s %s is negative or too long", w.name, w.d)
 		}

@@ -130,9 +130,9 @@ func (op modelOp) String() string {
 	for _, q := range op.req.Quotas {
 		quotas = append(quotas, q.String())
 	}
-	return fmt.Sprintf("t=%d %s type=%q tenant=%q quotas=[%s] cost=%d member=%q token=%q w=%d p=%d wait=%v claim=%v timeout=%v spacing=%v -> %s",
+	return fmt.Sprintf("t=%d %s type=%q tenant=%q quotas=[%s] cost=%d member=%q token=%q w=%d p=%d wait=%v claim=%v timeout=%v spread=%v -> %s",
 		op.at, op.why, op.req.Key.TaskType, op.req.Key.Tenant, strings.Join(quotas, " "), op.req.Cost, op.req.Member,
-		op.req.Reservation, op.req.Weight, op.req.Priority, op.req.MaxWait, op.req.ClaimWait, op.req.ClaimTimeout, op.req.Spacing, op.decision)
+		op.req.Reservation, op.req.Weight, op.req.Priority, op.req.MaxWait, op.req.ClaimWait, op.req.ClaimTimeout, op.req.Spread, op.decision)
 }
 
 // pauseOp makes op, a pause or a resume, on the script and the model, and returns the TTLs
@@ -280,9 +280,7 @@ func (g *modelGen) waits(req *throttle.Request) {
 		req.Priority = 1 + g.rng.IntN(3)
 	}
 	req.Holder = fmt.Sprintf("q%d/%s", g.rng.IntN(3), req.Reservation)
-	if g.rng.IntN(3) == 0 { // a worker with a bounded Concurrency (package worker)
-		req.Spacing = msDuration((1 + g.rng.Int64N(6)) * modelUnit / 2)
-	}
+	req.Spread = g.rng.IntN(3) == 0 // a worker with a bounded Concurrency (package worker)
 }
 
 // next returns the next call.

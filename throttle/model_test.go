@@ -516,7 +516,6 @@ type modelCall struct {
 	token, holder, tenant, scopes  string // scopes: as a lease records them (modelLease)
 	letters                        string // scopes' "t" and "y" alone
 	wait, claimWait, claimTimeout  int64
-	spacing                        int64 // Request.Spacing, ms
 	weight, priority               int
 	logs                           []*callLog
 	typeLog                        *callLog
@@ -548,7 +547,7 @@ func (m *model) decide(req throttle.Request, now int64) (modelDecision, modelTTL
 	c := &modelCall{m: m, req: req, caller: now, token: req.Reservation, holder: req.Holder,
 		tenant: url.PathEscape(req.Key.Tenant), wait: req.MaxWait.Milliseconds(), claimWait: req.ClaimWait.Milliseconds(),
 		claimTimeout: req.ClaimTimeout.Milliseconds(), weight: max(req.Weight, 1), cost: max(req.Cost, 1),
-		priority: req.Priority, spacing: req.Spacing.Milliseconds()}
+		priority: req.Priority}
 	if c.claimTimeout == 0 {
 		c.claimTimeout = throttle.DefaultClaimTimeout.Milliseconds()
 	}
@@ -800,18 +799,10 @@ func (c *modelCall) run() modelOutcome {
 	if c.token == "" {
 		return modelOutcome{held: held, binding: binding, countAt: c.now, at: c.now, retry: t - c.caller}
 	}
-	// SPACING: from the latest instant of each tenant log on, spacing per unit of cost.
-	if c.spacing > 0 && pv == nil {
-		floor, any := int64(0), false
-		for _, cl := range c.logs {
-			if cl.id.scope != throttle.ScopeType {
-				at := max(cl.st.hiw, cl.st.hw)
-				if !any || at > floor {
-					floor, any = at, true
-				}
-			}
-		}
-		if f := floor + c.spacing*int64(c.cost); any && t < f {
+	// SPACING: held back by a tenant quota, from its log's latest instant on, cost x W/limit.
+	if c.req.Spread && pv == nil && c.quotaLog[binding] != c.typeLog {
+		q, st := c.quotas[binding], c.quotaLog[binding].st
+		if f := max(st.hiw, st.hw) + int64(c.cost)*q.w/int64(q.limit); t < f {
 			c.m.notes["spaced"]++
 			if len(c.logs) == 1 && c.cost == 1 && c.req.Priority == 0 {
 				c.m.notes["oneLogSpaced"]++ // the script's one-log path, or its hand-over

@@ -73,15 +73,16 @@ type Config struct {
 	// existed, the only behaviour).
 	//
 	// Bounded waiting slots change two things, so that the tasks due in each second fit
-	// them. Reservations are spread out (throttle.Request.Spacing: the rule's longest
-	// Window/Events over its tenant quotas): without it a backlog's reservations fall on
-	// the instants of the admissions that filled the first window, as many per instant as
-	// ran at once (Concurrency), more than Concurrency - 1 slots can wait for, and a task
-	// that cannot wait for its instant comes back after it and loses its slot. And while
-	// half the waiting slots or more are taken, a task comes back for its reservation
-	// into a slot only from scarceClaimWait before its instant (WakeLead less asynq's whole
-	// second), so that slots go to the tasks due soonest; one due later is re-queued at
-	// once (a denial, writing nothing) and asks again one forwarder interval later. With
+	// them. Reservations are spread out (throttle.Request.Spread: at the average rate of
+	// the tenant quota that holds them back, Window/Events per unit of cost): without it a
+	// backlog's reservations fall on the instants of the admissions that filled the first
+	// window, as many per instant as ran at once (Concurrency), more than Concurrency - 1
+	// slots can wait for, and a task that cannot wait for its instant comes back after it
+	// and loses its slot. And while two waiting slots or more, and half of them or more,
+	// are taken, a task comes back for its reservation into a slot only from
+	// scarceClaimWait before its instant (WakeLead less asynq's whole second), so that
+	// slots go to the tasks due soonest; one due later is re-queued at once (a denial,
+	// writing nothing) and asks again one forwarder interval later. With
 	// Concurrency 10, "tenant=20/1s" and a backlog, reserved tasks so get their whole
 	// limit (TestWaitSlots_notHostage), against 45-50 % without either, at the cost of a
 	// few more limiter calls per task (each a claim ahead, denied).
@@ -471,7 +472,7 @@ func (m *middleware) request(ctx context.Context, task *asynq.Task, key throttle
 		req.MaxWait = wait(min(NewcomerWait, m.maxWait))
 		req.ClaimWait = wait(m.maxWait)
 		if m.slots != nil {
-			req.Spacing = spacing(eff.Rule.Quotas)
+			req.Spread = true
 			if slot && m.slots.scarce() {
 				req.ClaimWait = min(req.ClaimWait, m.scarceClaimWait())
 			}
@@ -480,20 +481,6 @@ func (m *middleware) request(ctx context.Context, task *asynq.Task, key throttle
 		req.Priority = m.priorityOf(ctx)
 	}
 	return req
-}
-
-// spacing is the throttle.Request.Spacing of a task under quotas: the longest
-// Window/Events of a ScopeTenant quota, the least average time between two of its
-// events that every one of them allows (0 without one: a type quota's fair ranks
-// interleave the tenants, see throttle.Request.Spacing).
-func spacing(quotas []throttle.Quota) time.Duration {
-	var most time.Duration
-	for _, q := range quotas {
-		if q.Scope == throttle.ScopeTenant {
-			most = max(most, q.Limit.Window/time.Duration(q.Limit.Events))
-		}
-	}
-	return most
 }
 
 // scarceClaimWait is the ClaimWait of a task that takes one of the last half of the

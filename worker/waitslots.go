@@ -49,9 +49,11 @@ func (s waitSlots) give() {
 	}
 }
 
-// scarce reports whether half the waiting slots or more are taken (none are scarce
-// without a bound): then a task due later than Config.Concurrency's scarceClaimWait
-// leaves its slot to one due sooner.
+// scarce reports whether two waiting slots or more, and half of them or more, are taken
+// (none are scarce without a bound): then a task due later than Config.Concurrency's
+// scarceClaimWait leaves its slot to one due sooner. A task alone in the slots (it counts
+// its own) is never short of one: with Concurrency 1 to 3, one slot is half of them.
 func (s waitSlots) scarce() bool {
-	return s != nil && 2*len(s) >= cap(s)
+	n := len(s)
+	return s != nil && n >= 2 && 2*n >= cap(s)
 }
