@@ -404,7 +404,8 @@ end
 -- admission at now, a denial, or a new reservation (on a type log, at its fair rank; on
 -- a tenant log spaced, SPACING, at the end slot). A token that holds a reservation due
 -- within its claim wait claims it in place (one further ahead is denied until then). It
--- hands over to general, having written nothing, for anything else: a replay, a skewed
+-- hands over to general, having written nothing (or taken back the one P entry it wrote
+-- to find out), for anything else: a replay, a skewed
 -- clock, a lapse due, a late claim (its L entry there, or trimmed: P says so), a lease
 -- on other logs, an exact check, an admission for later, a spaced gap. About 14 commands
 -- for a reservation on a tenant log with the hint (17 without), against general's 22 and
@@ -716,17 +717,20 @@ repeat
     break -- a tiered reservation to move: general's
   end
   local leases = base .. 'leases'
+  local ts = t == now and nows or string.format('%d', t)
+  local es = victim and string.format('%d', vs) or ts -- this event's entry
   if t > now then
-    -- A token pending in P holds a reservation whose L entry a trim took (above): a late
-    -- claim, general's. Its lease may be gone (general's lapse of its reservation on
-    -- another log, after a rule's scopes changed, deletes the token's one lease), so P is
-    -- asked, not the lease alone.
-    if flags >= 4 and redis.call('ZSCORE', pkey, pm) then
+    -- Its P entry first, only if the token is not pending there (NX): one pending holds a
+    -- reservation whose L entry a trim took (above), a late claim, general's, nothing
+    -- written (its lease may be gone: general's lapse of its reservation on another log,
+    -- after a rule's scopes changed, deletes the token's one lease). Then the lease (what
+    -- general's reservation tail writes), only if the token has none: one it has is of a
+    -- reservation that waits on other logs (a rule whose scopes changed): general's, its
+    -- P entry taken back, so that nothing is left written. Checked so, the common case
+    -- reads nothing more than it writes.
+    if redis.call('ZADD', pkey, 'NX', es, pm) == 0 then
       break
     end
-    -- The lease first (what general's reservation tail writes), and only if the token has
-    -- none: one it has is of a reservation that waits on other logs (a rule whose scopes
-    -- changed): general's, nothing written.
     local created = server_ms -- as general's
     if created == 0 and VOUCHED then
       created = caller
@@ -736,12 +740,15 @@ repeat
       created = server_ms
     end
     if redis.call('HSETNX', leases, token, '1:' .. (fairq and 'y' or ('t=' .. ARGV[6] .. '/' .. ARGV[7])) .. ':' .. string.format('%d', created) .. ':' .. hlen .. ':' .. holder .. tenant) == 0 then
+      redis.call('ZREM', pkey, pm)
       break
     end
+    if victim then
+      redis.call('ZADD', pkey, ts, victim)
+    end
+    flags = 4 + flags % 4
   end
   -- The write: this event at now, or its reservation at t (vs); then what general's finish does.
-  local ts = t == now and nows or string.format('%d', t)
-  local es = victim and string.format('%d', vs) or ts -- this event's entry
   local grew = hiw < t -- a new latest instant on the log: its keys' TTLs most likely grow
   -- END SLOT HINT: a reservation at the earliest instant (exact_t), at or after the log's
   -- latest, leaves no instant before it with room: "#e" says so for this quota (sig). A
@@ -752,14 +759,6 @@ repeat
   local unhint = hinted and not hint and (hiw < t or not hint_ok)
   if hiw < t then
     hiw = t
-  end
-  if t > now then
-    if victim then
-      redis.call('ZADD', pkey, es, pm, ts, victim)
-    else
-      redis.call('ZADD', pkey, ts, pm)
-    end
-    flags = 4 + flags % 4
   end
   local add = {es, t > now and ('@' .. pm) or member, string.format('%d', 16 * now + flags - flags % 4 + (hiw > now and 2 or 0) - BASE), '#'}
   if hiw > now then -- (hint implies it: t > now)
