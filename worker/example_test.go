@@ -26,7 +26,9 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	mw, err := worker.New(lim, worker.Config{Rules: rules, Redis: rdb})
+	// Concurrency: the asynq server's, below: at most 19 handlers wait for a slot ahead,
+	// and a backlog's reservations are spread so that they can.
+	mw, err := worker.New(lim, worker.Config{Rules: rules, Redis: rdb, Concurrency: 20})
 	if err != nil {
 		log.Fatal(err)
 	}
