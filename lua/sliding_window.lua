@@ -626,13 +626,14 @@ repeat
   if t > now and token == '' then
     return {0, lo, t - caller, now, 1, server_ms} -- a denial, writing nothing
   end
-  if spread and t > now and part ~= 'type' and t < hiw + math.floor(w / limit) then
+  local from = spread and t > now and part ~= 'type' and hiw + math.floor(w / limit)
+  if from and t < from then
     -- SPACING, as general's: at or after hiw nothing lies after t, so room at t holds
     -- at every later instant; t before hiw (a gap) is general's to search from there.
     if t < hiw then
       break
     end
-    t, exact_t = hiw + math.floor(w / limit), false -- not the earliest: no "#e" (END SLOT HINT)
+    t, exact_t = from, false -- not the earliest: no "#e" (END SLOT HINT)
   end
   -- FAIRNESS, as general's: from the instant of the reservation at the fair rank, the first
   -- of K_FAIR pending that is another tenant's, of cost 1 on this log alone (scopes "y"),

@@ -174,9 +174,11 @@ type Request struct {
 	// than Cost x Window/Events of that quota (rounded down to the ms) after the latest
 	// instant its log holds (an admission's or a reservation's), at the earliest instant
 	// from there on at which it fits every quota, instead of the earliest after now.
-	// Reserving later than the earliest never breaks a window; a backlog so drains at the
-	// binding quota's average rate, evenly, rather than in bursts that repeat the
-	// instants of the admissions that filled its window, window after window. The
+	// Reserving later than the earliest never breaks a window; a backlog's reservations so
+	// go one step of the binding quota apart rather than many to an instant, repeating the
+	// instants of the admissions that filled its window, window after window (with one
+	// quota it drains evenly at that quota's rate; with two, at the longer one's rate in
+	// its bursts, each spaced at the shorter one's step). The
 	// middleware sets it with a bounded Concurrency, whose waiting slots cannot hold a
 	// burst of tasks due at one instant (worker.Config.Concurrency). Admissions (at now or
 	// within MaxWait), claims, a slot taken from a lower priority (Priority), a reservation

@@ -483,8 +483,8 @@ func (m *middleware) request(ctx context.Context, task *asynq.Task, key throttle
 	return req
 }
 
-// scarceClaimWait is the ClaimWait of a task that takes one of the last half of the
-// waiting slots: WakeLead less asynq's whole second of retry-time rounding, so the
+// scarceClaimWait is the ClaimWait of a task that takes a waiting slot while they are
+// scarce (waitSlots.scarce): WakeLead less asynq's whole second of retry-time rounding, so the
 // forwarder interval and 250ms (DefaultWakeLead), at least 250ms. A task re-queued at once
 // (its wake instant past) is back within about one forwarder interval and a poll, less
 // than that, so it is asked again inside the span and never skips over it to come back
