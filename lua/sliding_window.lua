@@ -156,6 +156,11 @@
 --   written) if it ends at or before now, else 1. For a resume: 1 "u"; KEYS[1]: the log.
 --   Returns 1 if the log had a pause, else 0.
 
+-- The call's KEYS and ARGV and library functions as locals (upvalues in functions): a
+-- global costs a table lookup at each use, its field another. Numeric strings are
+-- converted by arithmetic (s + 0), not tonumber: Lua 5.1's tonumber converts twice
+-- (lua_isnumber, then lua_tonumber), each a strtod.
+local KEYS, ARGV, call, format, byte, sub, match, find = KEYS, ARGV, redis.call, string.format, string.byte, string.sub, string.match, string.find
 local K_SCAN, K_CAND, K_ITER, K_LAPSE, K_RENUM, K_FAIR, K_TRIM = 64, 4, 3, 8, 32, 8, 8
 local K_CAND_ARG = '4' -- K_CAND as a LIMIT argument: a Lua number there costs Redis a %.17g format
 local K_PRIO = 8 -- pending reservations a prioritized event examines (PRIORITY)
@@ -175,8 +180,8 @@ local HINT_BASE, HINT_LIMITS, HINT_WINDOWS = 4503599627370496, 524288, 429496729
 local MAX_SKEW = ARGV[4]
 local CHECK = MAX_SKEW ~= nil and MAX_SKEW ~= '0' -- the skew check (ARGV[4], INTERFACE)
 local VOUCHED = false -- the caller's now_ms is within MAX_SKEW of TIME: a lease records it
-if CHECK and string.byte(MAX_SKEW, 1) == 126 then -- "~<ms>": the caller vouches for now_ms
-  MAX_SKEW, CHECK, VOUCHED = string.sub(MAX_SKEW, 2), false, true
+if CHECK and byte(MAX_SKEW, 1) == 126 then -- "~<ms>": the caller vouches for now_ms
+  MAX_SKEW, CHECK, VOUCHED = sub(MAX_SKEW, 2), false, true
 end
 local SLACK = MAX_SKEW and MAX_SKEW ~= '0' and 2 * tonumber(MAX_SKEW) or 0
 
@@ -197,13 +202,13 @@ local fast_hs = nil -- the fast path's read of "#" on a log it hands to the one-
 
 repeat
   local extra = ARGV[5]
-  if extra and string.byte(extra, 1) == 115 then -- "s:" (SPACING) spaces reservations only
-    extra = string.sub(extra, 3)
+  if extra and byte(extra, 1) == 115 then -- "s:" (SPACING) spaces reservations only
+    extra = sub(extra, 3)
   end
-  if ARGV[1] == 'r' or ARGV[1] == 'p' or ARGV[1] == 'u' or ARGV[1] == '' or extra ~= '' and (string.byte(extra, 1) ~= 49 or string.byte(extra, 2) ~= 58) then
+  if ARGV[1] == 'r' or ARGV[1] == 'p' or ARGV[1] == 'u' or ARGV[1] == '' or extra ~= '' and (byte(extra, 1) ~= 49 or byte(extra, 2) ~= 58) then
     break -- another op (release, pause, resume), the server's clock, or a cost other than 1
   end
-  local caller, server_ms = tonumber(ARGV[1]), 0
+  local caller, server_ms = (ARGV[1] + 0), 0
   if #ARGV == 8 then
     -- With a reservation token, a wait or a claim timeout (extra), as the middleware
     -- sends, it still admits at now on a plain log: there no reservation is pending, so
@@ -213,15 +218,20 @@ repeat
     -- One quota, one log: the commonest call, with no table but the reply. Scores and
     -- bounds go to Redis as the strings the caller computed (the sentinel at now, now -
     -- window), unless the log's high-water instant is later than the caller's now.
-    local key, limit, w = KEYS[1], tonumber(ARGV[6]), tonumber(ARGV[7])
+    local key, limit, w = KEYS[1], (ARGV[6] + 0), (ARGV[7] + 0)
     -- The sentinel and, unless the member is fresh, a replay.
-    local fresh = string.byte(ARGV[2], 1) == 33
-    local member = fresh and string.sub(ARGV[2], 2) or ARGV[2]
-    local r = fresh and {redis.call('ZSCORE', key, '#')} or redis.call('ZMSCORE', key, '#', member)
-    if r[2] then
-      break -- a replay
+    local fresh = byte(ARGV[2], 1) == 33
+    local member = fresh and sub(ARGV[2], 2) or ARGV[2]
+    local hs
+    if fresh then
+      hs = call('ZSCORE', key, '#')
+    else
+      local r = call('ZMSCORE', key, '#', member)
+      if r[2] then
+        break -- a replay
+      end
+      hs = r[1]
     end
-    local hs = r[1]
     local sent, now = 0, caller
     if hs then
       local x = hs + BASE
@@ -240,9 +250,9 @@ repeat
     end
     -- Below lower: "#" (sent) and the entries that have left the window (old). "-inf", not
     -- FLOOR: on a plain log "#" is the only sentinel, and an infinity parses faster.
-    local below = redis.call('ZCOUNT', key, '-inf', lower)
+    local below = call('ZCOUNT', key, '-inf', lower)
     local old = below - sent
-    local lo = redis.call('ZCARD', key) - below
+    local lo = call('ZCARD', key) - below
     if lo >= limit then
       if extra ~= '' then
         break -- to reserve, or admit for later: the one-log path
@@ -250,14 +260,14 @@ repeat
       -- The k-th entry of the window, k = lo + 1 - limit (the first unless a limit was
       -- lowered), by rank: a string, not a number, for Redis to parse (Redis 7.0 formats a
       -- Lua number with %.17g).
-      local k = string.format('%d', below + lo - limit)
-      local e = redis.call('ZRANGE', key, k, k, 'WITHSCORES')
+      local k = format('%d', below + lo - limit)
+      local e = call('ZRANGE', key, k, k, 'WITHSCORES')
       return {0, lo, e[2] + w - caller, now}
     end
     if CHECK then -- the skew check, before a write
-      local t = redis.call('TIME')
+      local t = call('TIME')
       server_ms = t[1] * 1000 + math.floor(t[2] / 1000)
-      if math.abs(caller - server_ms) > tonumber(MAX_SKEW) then
+      if math.abs(caller - server_ms) > (MAX_SKEW + 0) then
         break
       end
     end
@@ -266,11 +276,11 @@ repeat
     -- call on most admissions: every count and rank here skips them, and they are at or
     -- before hw - W, where no later call's window reaches (calls are decided at hw or
     -- after). A log so holds at most K_TRIM - 1 entries beyond its window.
-    redis.call('ZADD', key, at, member, sentinel, '#')
+    call('ZADD', key, at, member, sentinel, '#')
     if old >= K_TRIM then
-      redis.call('ZREMRANGEBYSCORE', key, FLOOR, lower)
+      call('ZREMRANGEBYSCORE', key, FLOOR, lower)
     end
-    redis.call('PEXPIRE', key, SLACK == 0 and ARGV[7] or string.format('%d', w + SLACK))
+    call('PEXPIRE', key, SLACK == 0 and ARGV[7] or format('%d', w + SLACK))
     return {1, lo + 1, 0, now, 1, server_ms}
   end
   local m, nq = #KEYS, (#ARGV - 6) / 3
@@ -279,8 +289,8 @@ repeat
   -- index past a table's size reallocates it. wi[j]: the quota with log j's longest window.
   local lj, lim, win, wi = {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {false, false}
   for i = 1, nq do
-    local j, w = string.byte(qlogs, i) - 48, tonumber(ARGV[4 + 3 * i])
-    lj[i], lim[i], win[i] = j, tonumber(ARGV[3 + 3 * i]), w
+    local j, w = byte(qlogs, i) - 48, (ARGV[4 + 3 * i] + 0)
+    lj[i], lim[i], win[i] = j, (ARGV[3 + 3 * i] + 0), w
     if not wi[j] or win[wi[j]] < w then
       wi[j] = i
     end
@@ -291,20 +301,20 @@ repeat
       rl = j
     end
   end
-  local fresh = string.byte(ARGV[2], 1) == 33
-  local member = fresh and string.sub(ARGV[2], 2) or ARGV[2]
+  local fresh = byte(ARGV[2], 1) == 33
+  local member = fresh and sub(ARGV[2], 2) or ARGV[2]
   local now, sent, plain = caller, {0, 0}, true
   for j = 1, m do
     local hs
     if j == rl and not fresh then
-      local r = redis.call('ZMSCORE', KEYS[j], '#', member) -- the sentinel, and a replay
+      local r = call('ZMSCORE', KEYS[j], '#', member) -- the sentinel, and a replay
       if r[2] then
         plain = false
         break
       end
       hs = r[1]
     else
-      hs = redis.call('ZSCORE', KEYS[j], '#')
+      hs = call('ZSCORE', KEYS[j], '#')
     end
     sent[j] = 0
     if hs then
@@ -327,14 +337,14 @@ repeat
   local binding, t = nil, now
   for i = 1, nq do
     local j = lj[i]
-    lower[i] = now == caller and ARGV[5 + 3 * i] or string.format('%d', now - win[i])
-    lo[i] = redis.call('ZCOUNT', KEYS[j], '(' .. lower[i], '+inf')
+    lower[i] = now == caller and ARGV[5 + 3 * i] or format('%d', now - win[i])
+    lo[i] = call('ZCOUNT', KEYS[j], '(' .. lower[i], '+inf')
     if lo[i] >= lim[i] then
       -- The k-th entry of the window, by rank, k = lo + 1 - limit. The binding quota is
       -- the first whose k-th entry leaves last: with nothing ahead, the first with no room
       -- at t - 1, as general's.
-      local r = sent[j] + redis.call('ZCOUNT', KEYS[j], FLOOR, lower[i]) + lo[i] - lim[i]
-      local e = redis.call('ZRANGE', KEYS[j], r, r, 'WITHSCORES')[2] + win[i]
+      local r = sent[j] + call('ZCOUNT', KEYS[j], FLOOR, lower[i]) + lo[i] - lim[i]
+      local e = call('ZRANGE', KEYS[j], r, r, 'WITHSCORES')[2] + win[i]
       if e > t then
         binding, t = i, e
       end
@@ -347,30 +357,30 @@ repeat
     return {0, lo[binding], t - caller, now, binding}
   end
   if CHECK then -- the skew check, before a write
-    local tm = redis.call('TIME')
+    local tm = call('TIME')
     server_ms = tm[1] * 1000 + math.floor(tm[2] / 1000)
-    if math.abs(caller - server_ms) > tonumber(MAX_SKEW) then
+    if math.abs(caller - server_ms) > (MAX_SKEW + 0) then
       break
     end
   end
-  local at = now == caller and ARGV[1] or string.format('%d', now)
+  local at = now == caller and ARGV[1] or format('%d', now)
   local left = nil
   for i = 1, nq do
     if left == nil or lim[i] - lo[i] - 1 < left then
       binding, left = i, lim[i] - lo[i] - 1
     end
   end
-  local sentinel = now == caller and ARGV[3] or string.format('%d', 16 * now - BASE)
+  local sentinel = now == caller and ARGV[3] or format('%d', 16 * now - BASE)
   for j = 1, m do -- the member is in none of them: the replay check's log has the longest window
     -- The trim waits until K_TRIM entries have left the log's longest window, as the
     -- one-quota path's (why there): the log's size after the ZADD less "#", this entry and
     -- the rest of that window (lo).
     local i = wi[j]
-    redis.call('ZADD', KEYS[j], at, member, sentinel, '#')
-    if redis.call('ZCARD', KEYS[j]) - 2 - lo[i] >= K_TRIM then
-      redis.call('ZREMRANGEBYSCORE', KEYS[j], FLOOR, lower[i])
+    call('ZADD', KEYS[j], at, member, sentinel, '#')
+    if call('ZCARD', KEYS[j]) - 2 - lo[i] >= K_TRIM then
+      call('ZREMRANGEBYSCORE', KEYS[j], FLOOR, lower[i])
     end
-    redis.call('PEXPIRE', KEYS[j], SLACK == 0 and ARGV[4 + 3 * i] or string.format('%d', win[i] + SLACK))
+    call('PEXPIRE', KEYS[j], SLACK == 0 and ARGV[4 + 3 * i] or format('%d', win[i] + SLACK))
   end
   return {1, lo[binding] + 1, 0, now, binding, server_ms}
 until true
@@ -383,13 +393,13 @@ until true
 -- PTTL first: one call where it is long enough already, as when reservations share an
 -- instant (row (e): a failing GT and NX were two).
 local function grow(key, ttl, longer)
-  local ms = string.format('%d', ttl)
+  local ms = format('%d', ttl)
   if longer then
-    if redis.call('PEXPIRE', key, ms, 'GT') == 0 then
-      redis.call('PEXPIRE', key, ms, 'NX')
+    if call('PEXPIRE', key, ms, 'GT') == 0 then
+      call('PEXPIRE', key, ms, 'NX')
     end
-  elseif redis.call('PTTL', key) < ttl then
-    redis.call('PEXPIRE', key, ms)
+  elseif call('PTTL', key) < ttl then
+    call('PEXPIRE', key, ms)
   end
 end
 
@@ -413,62 +423,62 @@ end
 
 repeat
   local extra, spread = ARGV[5], false
-  if extra and string.byte(extra, 1) == 115 then -- "s:" (SPACING)
-    extra, spread = string.sub(extra, 3), true
+  if extra and byte(extra, 1) == 115 then -- "s:" (SPACING)
+    extra, spread = sub(extra, 3), true
   end
-  if #ARGV ~= 8 or #KEYS ~= 1 or ARGV[1] == '' or string.byte(extra, 1) ~= 49 or string.byte(extra, 2) ~= 58 then
+  if #ARGV ~= 8 or #KEYS ~= 1 or ARGV[1] == '' or byte(extra, 1) ~= 49 or byte(extra, 2) ~= 58 then
     break -- another op, the server's clock, several quotas or logs, or a cost other than 1
   end
-  local wait, ct, cw, weight, n, rest = string.match(extra, '^1:(%d+):(%d+):(%d+):(%d+):(%d+):(.*)$')
-  local caller, server_ms = tonumber(ARGV[1]), 0
+  local wait, ct, cw, weight, n, rest = match(extra, '^1:(%d+):(%d+):(%d+):(%d+):(%d+):(.*)$')
+  local caller, server_ms = (ARGV[1] + 0), 0
   if CHECK then -- the skew check, as general's read_clock
-    local tm = redis.call('TIME')
+    local tm = call('TIME')
     server_ms = tm[1] * 1000 + math.floor(tm[2] / 1000)
-    if math.abs(caller - server_ms) > tonumber(MAX_SKEW) then
+    if math.abs(caller - server_ms) > (MAX_SKEW + 0) then
       break
     end
   end
-  n = tonumber(n)
-  local fresh = string.byte(ARGV[2], 1) == 33
-  local key, member, token = KEYS[1], fresh and string.sub(ARGV[2], 2) or ARGV[2], string.sub(rest, 1, n)
+  n = (n + 0)
+  local fresh = byte(ARGV[2], 1) == 33
+  local key, member, token = KEYS[1], fresh and sub(ARGV[2], 2) or ARGV[2], sub(rest, 1, n)
   local pm = '1:' .. token
   -- The sentinels, a replay, and the token's reservation (its L entry: see the lapse check).
   local r
   if fast_hs then -- "#" and the replay check as the fast path read them
-    local q = redis.call('ZMSCORE', key, '#f', '@' .. pm, '#e')
+    local q = call('ZMSCORE', key, '#f', '@' .. pm, '#e')
     r = {fast_hs, q[1], nil, q[2], q[3]}
   else
-    r = redis.call('ZMSCORE', key, '#', '#f', fresh and '#' or member, '@' .. pm, '#e')
+    r = call('ZMSCORE', key, '#', '#f', fresh and '#' or member, '@' .. pm, '#e')
   end
   if r[3] and not fresh then
     break -- a replay
   end
   local flags, hw = 0, -1
   if r[1] then
-    local x = tonumber(r[1]) + BASE
+    local x = r[1] + BASE
     flags = x % 16
     hw = (x - flags) / 16
   end
   if flags % 2 == 1 or flags >= 8 or r[4] and flags < 4 then
     break -- weighted entries, a pause (in force or past: general removes a past one), or no P
   end
-  local hiw = r[2] and (tonumber(r[2]) + BASE) or hw
-  local limit, w = tonumber(ARGV[6]), tonumber(ARGV[7])
+  local hiw = r[2] and (r[2] + BASE) or hw
+  local limit, w = (ARGV[6] + 0), (ARGV[7] + 0)
   -- The end-slot hint "#e" (END SLOT HINT) holds for this call's quota if it names it.
   local sig = limit < HINT_LIMITS and w < HINT_WINDOWS and limit * HINT_WINDOWS + w or nil
   local hinted = r[5] and true or false
-  local hint_ok = hinted and r[2] and sig and tonumber(r[5]) + HINT_BASE == sig
-  ct = tonumber(ct)
+  local hint_ok = hinted and r[2] and sig and r[5] + HINT_BASE == sig
+  ct = (ct + 0)
   local now = caller > hw and caller or hw
-  local nows = now == caller and ARGV[1] or string.format('%d', now)
-  local lower = now == caller and ARGV[8] or string.format('%d', now - w)
-  local base = string.match(key, '^.-}:')
-  local part = string.sub(key, #base + 1)
+  local nows = now == caller and ARGV[1] or format('%d', now)
+  local lower = now == caller and ARGV[8] or format('%d', now - w)
+  local base = match(key, '^.-}:')
+  local part = sub(key, #base + 1)
   local pkey = base .. 'pending:' .. part
   if flags >= 4 then
     -- None pending may lapse (general lapses them). A read without scores (each returned
     -- score is a %.17g format).
-    if #redis.call('ZRANGEBYSCORE', pkey, FLOOR, string.format('%d', now - ct), 'LIMIT', '0', '1') > 0 then
+    if #call('ZRANGEBYSCORE', pkey, FLOOR, format('%d', now - ct), 'LIMIT', '0', '1') > 0 then
       break
     end
   end
@@ -483,59 +493,59 @@ repeat
     -- The token holds a reservation at held (its L entry, as checked above). Due within
     -- the claim wait: the reservation becomes the admission, in place; further ahead:
     -- denied until then, writing nothing; past: general decides afresh without it.
-    local held = tonumber(r[4])
+    local held = (r[4] + 0)
     if held < now then
       break
     end
-    if held > now + tonumber(cw) then
-      return {24, redis.call('ZCOUNT', key, '(' .. lower, nows), held - caller, now, 1, server_ms}
+    if held > now + (cw + 0) then
+      return {24, call('ZCOUNT', key, '(' .. lower, nows), held - caller, now, 1, server_ms}
     end
     -- The window ending at held, its reservation included, as the reply's count (the
     -- claim leaves it as it is): over the limit only after a rule lowered it, when general
     -- decides the claim afresh (claim_fits).
-    local hs = string.format('%d', held)
-    local count = redis.call('ZCOUNT', key, '(' .. string.format('%d', held - w), hs)
+    local hs = format('%d', held)
+    local count = call('ZCOUNT', key, '(' .. format('%d', held - w), hs)
     if count > limit then
       break
     end
-    redis.call('ZREM', pkey, pm)
-    if redis.call('ZCARD', pkey) == 0 then
+    call('ZREM', pkey, pm)
+    if call('ZCARD', pkey) == 0 then
       flags = flags - 4
     end
-    redis.call('ZREM', key, '@' .. pm)
+    call('ZREM', key, '@' .. pm)
     if part == 'type' then -- the type's virtual time moves to the claimed tag
-      local tag = redis.call('ZSCORE', base .. 'fair', token)
+      local tag = call('ZSCORE', base .. 'fair', token)
       if tag then
-        redis.call('ZREM', base .. 'fair', token)
-        if tonumber(tag) > tonumber(redis.call('HGET', base .. 'fairstate', 'v') or '0') then
-          redis.call('HSET', base .. 'fairstate', 'v', tag)
+        call('ZREM', base .. 'fair', token)
+        if (tag + 0) > ((call('HGET', base .. 'fairstate', 'v') or '0') + 0) then
+          call('HSET', base .. 'fairstate', 'v', tag)
         end
       end
     end
-    redis.call('HDEL', base .. 'leases', token)
-    local add = {hs, member, string.format('%d', 16 * now + flags - flags % 4 + (hiw > now and 2 or 0) - BASE), '#'}
+    call('HDEL', base .. 'leases', token)
+    local add = {hs, member, format('%d', 16 * now + flags - flags % 4 + (hiw > now and 2 or 0) - BASE), '#'}
     if hiw > now then -- the claim changes no count: "#e" for this quota holds as it was
-      add[5], add[6] = string.format('%d', hiw - BASE), '#f'
+      add[5], add[6] = format('%d', hiw - BASE), '#f'
       if hinted and not hint_ok then -- another quota's: this call's trim may free its slots
-        redis.call('ZREM', key, '#e')
+        call('ZREM', key, '#e')
       end
     elseif r[2] then
-      redis.call('ZREM', key, '#f', '#e') -- "#e" lives only beside "#f"
+      call('ZREM', key, '#f', '#e') -- "#e" lives only beside "#f"
     end
-    redis.call('ZADD', key, unpack(add)) -- 4 or 6 values: the admission, "#" and perhaps "#f"
-    redis.call('ZREMRANGEBYSCORE', key, FLOOR, lower)
+    call('ZADD', key, unpack(add)) -- 4 or 6 values: the admission, "#" and perhaps "#f"
+    call('ZREMRANGEBYSCORE', key, FLOOR, lower)
     local ttl = (hiw > now and hiw or now) - now + w + SLACK
     if flags >= 4 then
       ttl = ttl + ct
     end
-    local ttls = string.format('%d', ttl) -- a number argument would cost Redis a %.17g format
+    local ttls = format('%d', ttl) -- a number argument would cost Redis a %.17g format
     if flags >= 4 then
-      redis.call('PEXPIRE', pkey, ttls)
+      call('PEXPIRE', pkey, ttls)
     end
-    redis.call('PEXPIRE', key, ttls)
+    call('PEXPIRE', key, ttls)
     return {17, count, 0, held, 1, server_ms}
   end
-  local lo = redis.call('ZCOUNT', key, '(' .. lower, nows)
+  local lo = call('ZCOUNT', key, '(' .. lower, nows)
   local holder, hlen, tenant, fairq, tag, fair_rank = nil, nil, nil, nil, nil, nil
   if token ~= '' and (lo >= limit or hint_ok and hiw > now) then
     -- No room at now (or, by the hint, in a window after it): it will reserve (or be
@@ -543,16 +553,16 @@ repeat
     -- tenant, and on a type log its fair tag and rank: a reservation waiting at that rank
     -- may be one to displace (FAIRNESS, below).
     local tail
-    hlen, tail = string.match(string.sub(rest, n + 1), '^(%d+):(.*)$')
-    local hn = tonumber(hlen)
-    holder, tenant = string.sub(tail, 1, hn), string.sub(tail, hn + 1)
+    hlen, tail = match(sub(rest, n + 1), '^(%d+):(.*)$')
+    local hn = (hlen + 0)
+    holder, tenant = sub(tail, 1, hn), sub(tail, hn + 1)
     if part == 'type' then
       fairq = base .. 'fair'
-      local fh = redis.call('HMGET', base .. 'fairstate', 'v', 'l:' .. tenant)
-      local v, l = tonumber(fh[1] or '0'), tonumber(fh[2] or '0')
-      tag = string.format('%d', (v > l and v or l) + math.floor(FAIR_UNIT / tonumber(weight) + 0.5))
-      local rank = redis.call('ZCOUNT', fairq, '-inf', tag)
-      if redis.call('ZCARD', pkey) > rank then
+      local fh = call('HMGET', base .. 'fairstate', 'v', 'l:' .. tenant)
+      local v, l = ((fh[1] or '0') + 0), ((fh[2] or '0') + 0)
+      tag = format('%d', (v > l and v or l) + math.floor(FAIR_UNIT / weight + 0.5))
+      local rank = call('ZCOUNT', fairq, '-inf', tag)
+      if call('ZCARD', pkey) > rank then
         fair_rank = rank
       end
     end
@@ -562,18 +572,18 @@ repeat
     -- No instant in [now, hiw) fits, and nothing lies after hiw: the end slot is hiw if
     -- its window has room, else the instant the (n - limit + 1)-th entry of that window
     -- leaves it (an offset of n - limit, 0 unless a rule lowered the limit).
-    local a = '(' .. string.format('%d', hiw - w)
-    local n_t = redis.call('ZCOUNT', key, a, string.format('%d', hiw))
+    local a = '(' .. format('%d', hiw - w)
+    local n_t = call('ZCOUNT', key, a, format('%d', hiw))
     if n_t < limit then
       t = hiw
     else
-      t = tonumber(redis.call('ZRANGEBYSCORE', key, a, '+inf', 'WITHSCORES', 'LIMIT', string.format('%d', n_t - limit), '1')[2]) + w
+      t = ((call('ZRANGEBYSCORE', key, a, '+inf', 'WITHSCORES', 'LIMIT', format('%d', n_t - limit), '1')[2]) + 0) + w
     end
   elseif lo < limit then
-    if hiw > now and redis.call('ZCOUNT', key, '(' .. lower, string.format('%d', now + w - 1)) >= limit then
+    if hiw > now and call('ZCOUNT', key, '(' .. lower, format('%d', now + w - 1)) >= limit then
       break -- room at now, but perhaps not in a window after it: general's exact check
     end
-    if flags >= 4 and token ~= '' and not r[4] and redis.call('ZSCORE', pkey, pm) then
+    if flags >= 4 and token ~= '' and not r[4] and call('ZSCORE', pkey, pm) then
       break -- its reservation left L in a trim (above): general's late claim
     end
     t = now
@@ -581,30 +591,30 @@ repeat
     -- Nothing after now: the k-th entry of the window leaving it, k = lo + 1 - limit.
     local e
     if lo == limit then
-      e = redis.call('ZRANGEBYSCORE', key, '(' .. lower, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
+      e = call('ZRANGEBYSCORE', key, '(' .. lower, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
     else
-      local rank = string.format('%d', (r[1] and 1 or 0) + (r[2] and 1 or 0) + (hinted and 1 or 0) + redis.call('ZCOUNT', key, FLOOR, lower) + lo - limit)
-      e = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
+      local rank = format('%d', (r[1] and 1 or 0) + (r[2] and 1 or 0) + (hinted and 1 or 0) + call('ZCOUNT', key, FLOOR, lower) + lo - limit)
+      e = call('ZRANGE', key, rank, rank, 'WITHSCORES')
     end
-    t = tonumber(e[2]) + w
+    t = e[2] + w
   else
     -- The end slot: after the newest entry, and after the limit-th newest leaves its window.
-    local newest_at = tonumber(redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2])
+    local newest_at = (call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2] + 0)
     local tend = newest_at < now and now or newest_at
-    local y = redis.call('ZRANGE', key, '-' .. ARGV[6], '-' .. ARGV[6], 'WITHSCORES') -- -limit
-    if y[1] and string.byte(y[1], 1) ~= 35 and tonumber(y[2]) + w > tend then -- not '#', '#f', '#p'
-      tend = tonumber(y[2]) + w
+    local y = call('ZRANGE', key, '-' .. ARGV[6], '-' .. ARGV[6], 'WITHSCORES') -- -limit
+    if y[1] and byte(y[1], 1) ~= 35 and y[2] + w > tend then -- not '#', '#f', '#p'
+      tend = y[2] + w
     end
     -- Before it, the first K_CAND instants at which an entry leaves a window.
-    local page = redis.call('ZRANGEBYSCORE', key, '(' .. lower, string.format('%d', tend - w - 1), 'WITHSCORES', 'LIMIT', '0', K_CAND_ARG)
+    local page = call('ZRANGEBYSCORE', key, '(' .. lower, format('%d', tend - w - 1), 'WITHSCORES', 'LIMIT', '0', K_CAND_ARG)
     local prev, exact = nil, false
     for i = 2, #page, 2 do
-      local c = tonumber(page[i]) + w
+      local c = page[i] + w
       if c ~= prev then
         prev = c
-        local a = '(' .. string.format('%d', c - w)
-        if redis.call('ZCOUNT', key, a, string.format('%d', c)) < limit then
-          exact = hiw > c and redis.call('ZCOUNT', key, a, string.format('%d', c + w - 1)) >= limit
+        local a = '(' .. format('%d', c - w)
+        if call('ZCOUNT', key, a, format('%d', c)) < limit then
+          exact = hiw > c and call('ZCOUNT', key, a, format('%d', c + w - 1)) >= limit
           t = c
           break
         end
@@ -613,14 +623,14 @@ repeat
     if exact then
       break -- room at c, but perhaps not in a window after it: general's exact check
     end
-    if not t and (redis.call('ZCOUNT', key, '(' .. nows, '+inf') + limit) * w <= limit * (newest_at - now) then
+    if not t and (call('ZCOUNT', key, '(' .. nows, '+inf') + limit) * w <= limit * (newest_at - now) then
       break -- sparse after now: general's gap_slot may find a slot before the end slot
     end
     -- The end slot is the earliest unless a full page left instants unchecked.
     exact_t = t ~= nil or #page < 2 * K_CAND
     t = t or tend
   end
-  if t > now and t <= now + tonumber(wait) then
+  if t > now and t <= now + (wait + 0) then
     break -- an admission for later
   end
   if t > now and token == '' then
@@ -644,37 +654,37 @@ repeat
   -- general's to move: handed over, nothing written.
   local victim, vs, handover = nil, nil, false
   if fair_rank and t > now then
-    local fr = string.format('%d', fair_rank)
-    local at_rank = redis.call('ZRANGE', pkey, fr, fr, 'WITHSCORES')[2]
+    local fr = format('%d', fair_rank)
+    local at_rank = call('ZRANGE', pkey, fr, fr, 'WITHSCORES')[2]
     -- The page in two reads, its first entry and then the rest: the first is most often
     -- the one (each returned score costs a %.17g format, each lease a lookup).
     local from, done = 0, not at_rank
     while not done do -- two rounds: entries 1, then 2 to K_FAIR
       local n = from == 0 and 1 or K_FAIR - 1
-      local page = redis.call('ZRANGEBYSCORE', pkey, at_rank, '+inf', 'WITHSCORES', 'LIMIT', from == 0 and '0' or '1', from == 0 and '1' or string.format('%d', n))
+      local page = call('ZRANGEBYSCORE', pkey, at_rank, '+inf', 'WITHSCORES', 'LIMIT', from == 0 and '0' or '1', from == 0 and '1' or format('%d', n))
       local tokens = {}
       for i = 1, #page, 2 do
-        tokens[#tokens + 1] = string.sub(page[i], string.find(page[i], ':', 1, true) + 1)
+        tokens[#tokens + 1] = sub(page[i], find(page[i], ':', 1, true) + 1)
       end
-      local recs = #tokens > 0 and redis.call('HMGET', base .. 'leases', unpack(tokens)) or {} -- at most K_FAIR - 1
+      local recs = #tokens > 0 and call('HMGET', base .. 'leases', unpack(tokens)) or {} -- at most K_FAIR - 1
       local tags = nil -- their fair tags, read once at the first candidate that needs them
       done = #tokens < n or from > 0
       for i = 1, #tokens do
-        local s = tonumber(page[2 * i])
+        local s = (page[2 * i] + 0)
         if s >= t then
           done = true
           break
         end
-        if recs[i] and s > now and string.sub(page[2 * i - 1], 1, 2) == '1:' then
+        if recs[i] and s > now and sub(page[2 * i - 1], 1, 2) == '1:' then
           -- "<cost>:<scopes>:<created>:<n>:<holder><tenant>"; "p<priority>:..." does not match
-          local vcost, vscopes, vn, vrest = string.match(recs[i], '^(%d+):([^:]+):%d+:(%d+):(.*)$')
-          if vcost == '1' and string.sub(vrest, tonumber(vn) + 1) ~= tenant then
-            tags = tags or redis.call('ZMSCORE', fairq, unpack(tokens)) -- at most K_FAIR - 1
-            if (tonumber(tags[i]) or 0) > tonumber(tag) then
+          local vcost, vscopes, vn, vrest = match(recs[i], '^(%d+):([^:]+):%d+:(%d+):(.*)$')
+          if vcost == '1' and sub(vrest, vn + 1) ~= tenant then
+            tags = tags or call('ZMSCORE', fairq, unpack(tokens)) -- at most K_FAIR - 1
+            if (tonumber(tags[i]) or 0) > (tag + 0) then
               if vscopes == 'y' then
                 victim, vs, done = page[2 * i - 1], s, true
                 break
-              elseif string.find(vscopes, '=', 1, true) and string.find(string.match(vscopes, '^%a+'), 'y', 1, true) then
+              elseif find(vscopes, '=', 1, true) and find(match(vscopes, '^%a+'), 'y', 1, true) then
                 handover, done = true, true
                 break
               end
@@ -688,24 +698,24 @@ repeat
   if fair_rank and t > now and not victim and not handover then
     -- None there: among the reservations of the next K_FAIR tags after this event's,
     -- wherever they wait, the earliest that can give its slot (general's, and why).
-    local nt = redis.call('ZRANGEBYSCORE', fairq, '(' .. tag, '+inf', 'LIMIT', '0', string.format('%d', K_FAIR))
+    local nt = call('ZRANGEBYSCORE', fairq, '(' .. tag, '+inf', 'LIMIT', '0', format('%d', K_FAIR))
     if #nt > 0 then
       local pms = {}
       for i, tk in ipairs(nt) do
         pms[i] = '1:' .. tk
       end
-      local ss = redis.call('ZMSCORE', pkey, unpack(pms)) -- at most K_FAIR
-      local recs = redis.call('HMGET', base .. 'leases', unpack(nt)) -- at most K_FAIR
+      local ss = call('ZMSCORE', pkey, unpack(pms)) -- at most K_FAIR
+      local recs = call('HMGET', base .. 'leases', unpack(nt)) -- at most K_FAIR
       for i = 1, #nt do -- the earliest (the first on ties); a tiered one is general's
-        local s = ss[i] and tonumber(ss[i])
+        local s = ss[i] and (ss[i] + 0)
         if s and s < t and recs[i] and s > now then
-          local vcost, vscopes, vn, vrest = string.match(recs[i], '^(%d+):([^:]+):%d+:(%d+):(.*)$')
-          if vcost == '1' and string.sub(vrest, tonumber(vn) + 1) ~= tenant then
+          local vcost, vscopes, vn, vrest = match(recs[i], '^(%d+):([^:]+):%d+:(%d+):(.*)$')
+          if vcost == '1' and sub(vrest, vn + 1) ~= tenant then
             if vscopes == 'y' then
               if not victim or s < vs then
                 victim, vs = pms[i], s
               end
-            elseif string.find(vscopes, '=', 1, true) and string.find(string.match(vscopes, '^%a+'), 'y', 1, true) then
+            elseif find(vscopes, '=', 1, true) and find(match(vscopes, '^%a+'), 'y', 1, true) then
               handover = true
               break
             end
@@ -718,8 +728,8 @@ repeat
     break -- a tiered reservation to move: general's
   end
   local leases = base .. 'leases'
-  local ts = t == now and nows or string.format('%d', t)
-  local es = victim and string.format('%d', vs) or ts -- this event's entry
+  local ts = t == now and nows or format('%d', t)
+  local es = victim and format('%d', vs) or ts -- this event's entry
   if t > now then
     -- Its P entry first, only if the token is not pending there (NX): one pending holds a
     -- reservation whose L entry a trim took (above), a late claim, general's, nothing
@@ -729,23 +739,23 @@ repeat
     -- reservation that waits on other logs (a rule whose scopes changed): general's, its
     -- P entry taken back, so that nothing is left written. Checked so, the common case
     -- reads nothing more than it writes.
-    if redis.call('ZADD', pkey, 'NX', es, pm) == 0 then
+    if call('ZADD', pkey, 'NX', es, pm) == 0 then
       break
     end
     local created = server_ms -- as general's
     if created == 0 and VOUCHED then
       created = caller
     elseif created == 0 then
-      local tm = redis.call('TIME')
+      local tm = call('TIME')
       server_ms = tm[1] * 1000 + math.floor(tm[2] / 1000)
       created = server_ms
     end
-    if redis.call('HSETNX', leases, token, '1:' .. (fairq and 'y' or ('t=' .. ARGV[6] .. '/' .. ARGV[7])) .. ':' .. string.format('%d', created) .. ':' .. hlen .. ':' .. holder .. tenant) == 0 then
-      redis.call('ZREM', pkey, pm)
+    if call('HSETNX', leases, token, '1:' .. (fairq and 'y' or ('t=' .. ARGV[6] .. '/' .. ARGV[7])) .. ':' .. format('%d', created) .. ':' .. hlen .. ':' .. holder .. tenant) == 0 then
+      call('ZREM', pkey, pm)
       break
     end
     if victim then
-      redis.call('ZADD', pkey, ts, victim)
+      call('ZADD', pkey, ts, victim)
     end
     flags = 4 + flags % 4
   end
@@ -761,39 +771,39 @@ repeat
   if hiw < t then
     hiw = t
   end
-  local add = {es, t > now and ('@' .. pm) or member, string.format('%d', 16 * now + flags - flags % 4 + (hiw > now and 2 or 0) - BASE), '#'}
+  local add = {es, t > now and ('@' .. pm) or member, format('%d', 16 * now + flags - flags % 4 + (hiw > now and 2 or 0) - BASE), '#'}
   if hiw > now then -- (hint implies it: t > now)
-    add[#add + 1], add[#add + 2] = string.format('%d', hiw - BASE), '#f'
+    add[#add + 1], add[#add + 2] = format('%d', hiw - BASE), '#f'
     if hint and not hint_ok then -- (with hint_ok it is there already)
-      add[#add + 1], add[#add + 2] = string.format('%d', sig - HINT_BASE), '#e'
+      add[#add + 1], add[#add + 2] = format('%d', sig - HINT_BASE), '#e'
     elseif unhint then
-      redis.call('ZREM', key, '#e')
+      call('ZREM', key, '#e')
     end
   elseif r[2] then
-    redis.call('ZREM', key, '#f', '#e') -- "#e" lives only beside "#f"
+    call('ZREM', key, '#f', '#e') -- "#e" lives only beside "#f"
   end
   if victim then
     add[#add + 1], add[#add + 2] = ts, '@' .. victim
   end
-  redis.call('ZADD', key, unpack(add)) -- 4 to 10 values: the entry, "#", perhaps "#f", "#e" and the one displaced
-  redis.call('ZREMRANGEBYSCORE', key, FLOOR, lower)
+  call('ZADD', key, unpack(add)) -- 4 to 10 values: the entry, "#", perhaps "#f", "#e" and the one displaced
+  call('ZREMRANGEBYSCORE', key, FLOOR, lower)
   local ttl = (hiw > now and hiw or now) - now + w + SLACK
   if flags >= 4 then
     ttl = ttl + ct
   end
-  local ttls = string.format('%d', ttl)
+  local ttls = format('%d', ttl)
   if flags >= 4 then
-    redis.call('PEXPIRE', pkey, ttls)
+    call('PEXPIRE', pkey, ttls)
   end
-  redis.call('PEXPIRE', key, ttls)
+  call('PEXPIRE', key, ttls)
   if t == now then
     return {1, lo + 1, 0, now, 1, server_ms}
   end
   -- On a type log the fair tag (the rest of general's reservation tail).
   local grown = {leases}
   if fairq then
-    redis.call('ZADD', fairq, tag, token)
-    redis.call('HSET', base .. 'fairstate', 'l:' .. tenant, tag)
+    call('ZADD', fairq, tag, token)
+    call('HSET', base .. 'fairstate', 'l:' .. tenant, tag)
     grown[2], grown[3] = fairq, base .. 'fairstate'
   end
   for _, k in ipairs(grown) do -- after a new latest instant, most likely to grow
@@ -815,38 +825,38 @@ local function read_clock()
   local now_arg = ARGV[1]
   local server_ms = 0
   if now_arg == '' or CHECK then
-    local t = redis.call('TIME')
+    local t = call('TIME')
     server_ms = t[1] * 1000 + math.floor(t[2] / 1000)
   end
   if now_arg == '' then
     return server_ms, server_ms, 0
   end
-  local caller = tonumber(now_arg)
-  if CHECK and math.abs(caller - server_ms) > tonumber(MAX_SKEW) then
+  local caller = (now_arg + 0)
+  if CHECK and math.abs(caller - server_ms) > (MAX_SKEW + 0) then
     return server_ms, server_ms, 1
   end
   return caller, server_ms, 0
 end
 
 local function fmt(x)
-  return string.format('%d', x)
+  return format('%d', x)
 end
 
 -- cost_of is the cost of the event an L member stands for.
 local function cost_of(e)
-  local b = string.byte(e, 1)
+  local b = byte(e, 1)
   if b == 64 or b == 42 or b == 126 then -- '@', '*', '~'
-    return tonumber(string.match(e, '^.(%d+):'))
+    return tonumber(match(e, '^.(%d+):'))
   end
   return 1
 end
 
 local function cum_of(cm)
-  return tonumber(string.sub(cm, 1, 16))
+  return (sub(cm, 1, 16) + 0)
 end
 
 local function cum_member(cum, rest) -- rest: "|<L member>"
-  return string.format('%016d', cum) .. rest
+  return format('%016d', cum) .. rest
 end
 
 -- ---------------------------------------------------------------------------------------
@@ -858,10 +868,10 @@ end
 
 -- load reads a log's sentinels, its pause and, with member, that member's score: one call.
 local function load(log, member)
-  local r = redis.call('ZMSCORE', log.L, '#', '#f', member or '#', '#p', '#e')
-  log.pause = r[4] and (tonumber(r[4]) + BASE) or -1
+  local r = call('ZMSCORE', log.L, '#', '#f', member or '#', '#p', '#e')
+  log.pause = r[4] and (r[4] + BASE) or -1
   if r[1] then
-    local x = tonumber(r[1]) + BASE
+    local x = r[1] + BASE
     log.flags = x % 16
     log.hw = (x - log.flags) / 16
   else
@@ -870,7 +880,7 @@ local function load(log, member)
   log.nsent = (r[1] and 1 or 0) + (r[2] and 1 or 0) + (r[4] and 1 or 0) + (r[5] and 1 or 0)
   log.has_f = r[2] and true or false
   log.hinted = r[5] and true or false -- "#e": the general path drops it at its first write
-  log.hiw = r[2] and (tonumber(r[2]) + BASE) or log.hw
+  log.hiw = r[2] and (r[2] + BASE) or log.hw
   return member and r[3]
 end
 
@@ -887,28 +897,28 @@ local function extras(log, a, b)
   if not has_c(log) then
     return 0
   end
-  local hb = redis.call('ZREVRANGEBYSCORE', log.C, fmt(b), FLOOR, 'LIMIT', 0, 1)
+  local hb = call('ZREVRANGEBYSCORE', log.C, fmt(b), FLOOR, 'LIMIT', 0, 1)
   if #hb == 0 then
     return 0
   end
-  local ha = redis.call('ZREVRANGEBYSCORE', log.C, fmt(a), FLOOR, 'LIMIT', 0, 1)
+  local ha = call('ZREVRANGEBYSCORE', log.C, fmt(a), FLOOR, 'LIMIT', 0, 1)
   if #ha > 0 then
     return cum_of(hb[1]) - cum_of(ha[1])
   end
-  local first = redis.call('ZRANGE', log.C, 0, 0)[1]
-  return cum_of(hb[1]) - cum_of(first) + cost_of(string.sub(first, 18)) - 1
+  local first = call('ZRANGE', log.C, 0, 0)[1]
+  return cum_of(hb[1]) - cum_of(first) + cost_of(sub(first, 18)) - 1
 end
 
 -- sum is the total cost of the log's entries scored in (a, b].
 local function sum(log, a, b)
-  return redis.call('ZCOUNT', log.L, '(' .. fmt(a), fmt(b)) + extras(log, a, b)
+  return call('ZCOUNT', log.L, '(' .. fmt(a), fmt(b)) + extras(log, a, b)
 end
 
 -- exact reports whether cost c fits at t in quota q, from the entries that can share a
 -- window with t (at most K_SCAN of them, else no).
 local function exact(log, q, t, c)
   local w = q.w
-  local page = redis.call('ZRANGEBYSCORE', log.L, '(' .. fmt(t - w), fmt(t + w - 1), 'WITHSCORES', 'LIMIT', 0, K_SCAN + 1)
+  local page = call('ZRANGEBYSCORE', log.L, '(' .. fmt(t - w), fmt(t + w - 1), 'WITHSCORES', 'LIMIT', 0, K_SCAN + 1)
   local n = #page / 2
   if n > K_SCAN then
     return false
@@ -916,7 +926,7 @@ local function exact(log, q, t, c)
   local at, cs = {}, {}
   for i = 1, n do
     cs[i] = cost_of(page[2 * i - 1])
-    at[i] = tonumber(page[2 * i])
+    at[i] = (page[2 * i] + 0)
   end
   -- The fullest window (x - w, x] with t <= x < t + w ends at t or at an entry after t.
   local lo, hi, s = 1, 0, 0
@@ -964,8 +974,8 @@ end
 
 -- newest is the instant of the log's newest entry, or nil.
 local function newest(log)
-  local r = redis.call('ZRANGE', log.L, -1, -1, 'WITHSCORES')
-  if #r == 0 or string.byte(r[1], 1) == 35 then -- '#', '#f', '#p': an empty log
+  local r = call('ZRANGE', log.L, -1, -1, 'WITHSCORES')
+  if #r == 0 or byte(r[1], 1) == 35 then -- '#', '#f', '#p': an empty log
     return nil
   end
   return tonumber(r[2])
@@ -982,26 +992,26 @@ local function end_slot(log, t0, c)
   end
   local t = math.max(t0, last)
   local s0 = log.nsent
-  local n = redis.call('ZCARD', log.L) - s0
+  local n = call('ZCARD', log.L) - s0
   for _, q in ipairs(log.q) do
     local room = q.limit - c -- the most that may lie after t - W
     local y = nil -- the first entry instant with at most room after it
     if not has_c(log) then
       if n > room then
-        y = tonumber(redis.call('ZRANGE', log.L, s0 + n - room - 1, s0 + n - room - 1, 'WITHSCORES')[2])
+        y = (call('ZRANGE', log.L, s0 + n - room - 1, s0 + n - room - 1, 'WITHSCORES')[2] + 0)
       end
     elseif sum(log, -1, last) > room then
       local lo, hi = s0, s0 + n - 1 -- at most log2(N) rounds
       while lo < hi do
         local mid = math.floor((lo + hi) / 2)
-        local s = tonumber(redis.call('ZRANGE', log.L, mid, mid, 'WITHSCORES')[2])
+        local s = (call('ZRANGE', log.L, mid, mid, 'WITHSCORES')[2] + 0)
         if sum(log, s, last) <= room then
           hi = mid
         else
           lo = mid + 1
         end
       end
-      y = tonumber(redis.call('ZRANGE', log.L, lo, lo, 'WITHSCORES')[2])
+      y = (call('ZRANGE', log.L, lo, lo, 'WITHSCORES')[2] + 0)
     end
     if y then
       t = math.max(t, y + q.w)
@@ -1025,7 +1035,7 @@ local function gap_slot(log, t0, c, last, newest_at, n)
     return nil
   end
   local s0 = log.nsent
-  local a = s0 + redis.call('ZCOUNT', log.L, FLOOR, fmt(t0)) -- the first rank after t0
+  local a = s0 + call('ZCOUNT', log.L, FLOOR, fmt(t0)) -- the first rank after t0
   local b = s0 + n - 1
   for _, q in ipairs(log.q) do
     if (b - a + 1 + q.limit) * q.w > q.limit * (newest_at - t0) then
@@ -1038,11 +1048,11 @@ local function gap_slot(log, t0, c, last, newest_at, n)
       break
     end
     local mid = math.floor((lo + hi) / 2)
-    local s = math.max(t0, tonumber(redis.call('ZRANGE', log.L, mid, mid, 'WITHSCORES')[2]))
+    local s = math.max(t0, (call('ZRANGE', log.L, mid, mid, 'WITHSCORES')[2] + 0))
     for _, q in ipairs(log.q) do
       local room = q.limit - c
       if mid - s0 + 1 > room then
-        s = math.max(s, tonumber(redis.call('ZRANGE', log.L, mid - room, mid - room, 'WITHSCORES')[2]) + q.w)
+        s = math.max(s, call('ZRANGE', log.L, mid - room, mid - room, 'WITHSCORES')[2] + q.w)
       end
     end
     if s < best and fits(log, s, c) then
@@ -1070,11 +1080,11 @@ local function earliest_on(log, t0, c)
     for _, q in ipairs(log.q) do
       local k = sum(log, t0 - q.w, t0) + c - q.limit
       if k == 1 then
-        local e = redis.call('ZRANGEBYSCORE', log.L, '(' .. fmt(t0 - q.w), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-        t = math.max(t, tonumber(e[2]) + q.w)
+        local e = call('ZRANGEBYSCORE', log.L, '(' .. fmt(t0 - q.w), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+        t = math.max(t, e[2] + q.w)
       elseif k > 1 then -- by rank: an offset would walk k entries
-        local r = log.nsent + redis.call('ZCOUNT', log.L, FLOOR, fmt(t0 - q.w)) + k - 1
-        t = math.max(t, tonumber(redis.call('ZRANGE', log.L, r, r, 'WITHSCORES')[2]) + q.w)
+        local r = log.nsent + call('ZCOUNT', log.L, FLOOR, fmt(t0 - q.w)) + k - 1
+        t = math.max(t, call('ZRANGE', log.L, r, r, 'WITHSCORES')[2] + q.w)
       end
     end
     return t
@@ -1083,9 +1093,9 @@ local function earliest_on(log, t0, c)
   local last, newest_at, n = end_slot(log, t0, c)
   local cands = {}
   for _, q in ipairs(log.q) do
-    local page = redis.call('ZRANGEBYSCORE', log.L, '(' .. fmt(t0 - q.w), fmt(last - q.w - 1), 'WITHSCORES', 'LIMIT', 0, K_CAND)
+    local page = call('ZRANGEBYSCORE', log.L, '(' .. fmt(t0 - q.w), fmt(last - q.w - 1), 'WITHSCORES', 'LIMIT', 0, K_CAND)
     for i = 2, #page, 2 do
-      cands[#cands + 1] = tonumber(page[i]) + q.w
+      cands[#cands + 1] = page[i] + q.w
     end
   end
   table.sort(cands)
@@ -1138,7 +1148,7 @@ local function c_room(log, s)
   if not has_c(log) then
     return true
   end
-  return redis.call('ZCOUNT', log.C, '(' .. fmt(s), '+inf') <= K_RENUM
+  return call('ZCOUNT', log.C, '(' .. fmt(s), '+inf') <= K_RENUM
 end
 
 -- c_shift rewrites the <cum> of C's entries in cms (with scores in ss) by delta and adds
@@ -1146,15 +1156,15 @@ end
 -- c_remove), so ZREM takes at most K_RENUM members and ZADD 2 * K_RENUM + 2 values.
 local function c_shift(log, cms, ss, delta, extra)
   if #cms > 0 then
-    redis.call('ZREM', log.C, unpack(cms)) -- at most K_RENUM members (above)
+    call('ZREM', log.C, unpack(cms)) -- at most K_RENUM members (above)
   end
   local add = extra
   for i, cm in ipairs(cms) do
     add[#add + 1] = ss[i]
-    add[#add + 1] = cum_member(cum_of(cm) + delta, string.sub(cm, 17))
+    add[#add + 1] = cum_member(cum_of(cm) + delta, sub(cm, 17))
   end
   if #add > 0 then
-    redis.call('ZADD', log.C, unpack(add)) -- at most 2 * K_RENUM + 2 values (above)
+    call('ZADD', log.C, unpack(add)) -- at most 2 * K_RENUM + 2 values (above)
   end
 end
 
@@ -1164,15 +1174,15 @@ local function c_insert(log, e, s, c)
   if has_c(log) then
     -- c_room said at most K_RENUM lie after s (read in this same atomic call), so the
     -- LIMIT reads them all and bounds the ZREM and ZADD of c_shift.
-    local after = redis.call('ZRANGEBYSCORE', log.C, '(' .. fmt(s), '+inf', 'WITHSCORES', 'LIMIT', 0, K_RENUM)
+    local after = call('ZRANGEBYSCORE', log.C, '(' .. fmt(s), '+inf', 'WITHSCORES', 'LIMIT', 0, K_RENUM)
     for i = 1, #after, 2 do
       cms[#cms + 1], ss[#ss + 1] = after[i], after[i + 1]
     end
-    local before = redis.call('ZREVRANGEBYSCORE', log.C, fmt(s), FLOOR, 'LIMIT', 0, 1)
+    local before = call('ZREVRANGEBYSCORE', log.C, fmt(s), FLOOR, 'LIMIT', 0, 1)
     if #before > 0 then
       base = cum_of(before[1])
     elseif #cms > 0 then
-      base = cum_of(cms[1]) - cost_of(string.sub(cms[1], 18)) + 1
+      base = cum_of(cms[1]) - cost_of(sub(cms[1], 18)) + 1
     end
   end
   c_shift(log, cms, ss, c - 1, {fmt(s), cum_member(base + c - 1, '|' .. e)})
@@ -1187,10 +1197,10 @@ end
 -- <cum>): e's entry is among them iff at most K_RENUM follow it, and those are the ones
 -- to rewrite; if the read stopped short of the LIMIT, e's entry is not in C.
 local function c_remove(log, e, s, c)
-  local tail = redis.call('ZREVRANGEBYSCORE', log.C, '+inf', fmt(s), 'WITHSCORES', 'LIMIT', 0, K_RENUM + 1)
+  local tail = call('ZREVRANGEBYSCORE', log.C, '+inf', fmt(s), 'WITHSCORES', 'LIMIT', 0, K_RENUM + 1)
   local found, cms, ss = nil, {}, {}
   for i = 1, #tail, 2 do
-    if string.sub(tail[i], 18) == e then
+    if sub(tail[i], 18) == e then
       found = tail[i]
       break
     end
@@ -1199,7 +1209,7 @@ local function c_remove(log, e, s, c)
   if not found then
     return #tail < 2 * (K_RENUM + 1)
   end
-  redis.call('ZREM', log.C, found)
+  call('ZREM', log.C, found)
   c_shift(log, cms, ss, 1 - c, {})
   return true
 end
@@ -1220,7 +1230,7 @@ local function flush(log)
   if #log.add > 0 then
     -- At most 3 entries: put runs at most three times on a log between flushes (this
     -- event, or its claim, and a displaced reservation's move).
-    redis.call('ZADD', log.L, unpack(log.add)) -- at most 6 values: 3 entries (above)
+    call('ZADD', log.L, unpack(log.add)) -- at most 6 values: 3 entries (above)
     log.add = {}
   end
 end
@@ -1232,16 +1242,16 @@ end
 -- one floor), so it counts nowhere already.
 local function drop(log, e, s, c)
   flush(log)
-  local held = redis.call('ZREM', log.L, e) == 1
+  local held = call('ZREM', log.L, e) == 1
   if c > 1 and not c_remove(log, e, s, c) and held then
-    redis.call('ZADD', log.L, fmt(s), '~' .. c .. ':' .. string.sub(e, string.find(e, ':', 1, true) + 1) .. '@' .. fmt(s))
+    call('ZADD', log.L, fmt(s), '~' .. c .. ':' .. sub(e, find(e, ':', 1, true) + 1) .. '@' .. fmt(s))
   end
   log.dirty = true
 end
 
 -- pexpire sets key's TTL to ms (finish's, for a log of this call; grow's for another's).
 local function pexpire(key, ms)
-  redis.call('PEXPIRE', key, ms)
+  call('PEXPIRE', key, ms)
 end
 
 -- finish completes the writes to a log decided at now: the queued entries, the trim of
@@ -1257,18 +1267,18 @@ local function finish(log, now, claim_timeout)
   end
   local floor = fmt(now - log.wmax)
   if has_c(log) and not log.other then
-    redis.call('ZREMRANGEBYSCORE', log.C, FLOOR, floor)
-    if redis.call('ZCARD', log.C) == 0 then
+    call('ZREMRANGEBYSCORE', log.C, FLOOR, floor)
+    if call('ZCARD', log.C) == 0 then
       log.flags = log.flags - 1
     end
   end
-  if log.p_removed and has_p(log) and redis.call('ZCARD', log.P) == 0 then
+  if log.p_removed and has_p(log) and call('ZCARD', log.P) == 0 then
     log.flags = log.flags - 4
   end
   log.hw = math.max(log.hw, now)
   local add = log.add
   if log.pause >= 0 and log.pause <= now then -- a past pause: gone with this write
-    redis.call('ZREM', log.L, '#p')
+    call('ZREM', log.L, '#p')
     log.pause = -1
     if log.flags >= 8 then
       log.flags = log.flags - 8
@@ -1284,16 +1294,16 @@ local function finish(log, now, claim_timeout)
     add[#add + 1] = fmt(log.hiw - BASE)
     add[#add + 1] = '#f'
     if log.hinted then -- it may have moved entries or "#f" otherwise (END SLOT HINT)
-      redis.call('ZREM', log.L, '#e')
+      call('ZREM', log.L, '#e')
     end
   elseif log.has_f then
-    redis.call('ZREM', log.L, '#f', '#e')
+    call('ZREM', log.L, '#f', '#e')
   end
   log.has_f, log.hinted = log.hiw > log.hw, false
-  redis.call('ZADD', log.L, unpack(add)) -- at most 10 values: the queued entries (at most 3) and 2 sentinels
+  call('ZADD', log.L, unpack(add)) -- at most 10 values: the queued entries (at most 3) and 2 sentinels
   log.add = {}
   if not log.other then
-    redis.call('ZREMRANGEBYSCORE', log.L, FLOOR, floor)
+    call('ZREMRANGEBYSCORE', log.L, FLOOR, floor)
   end
   local ttl = math.max(log.hiw, now) - now + log.wmax + SLACK
   local expire = log.other and grow or pexpire
@@ -1315,19 +1325,19 @@ end
 -- log's quotas: see LEASES), tenant,
 -- holder and priority of a lease record.
 local function lease_parse(rec)
-  local p, tail = string.match(rec, '^p(%d+):(.*)$')
-  local cost, scopes, n, rest = string.match(tail or rec, '^(%d+):([^:]+):%d+:(%d+):(.*)$')
-  n = tonumber(n)
-  return tonumber(cost), scopes, string.sub(rest, n + 1), string.sub(rest, 1, n), tonumber(p or '0')
+  local p, tail = match(rec, '^p(%d+):(.*)$')
+  local cost, scopes, n, rest = match(tail or rec, '^(%d+):([^:]+):%d+:(%d+):(.*)$')
+  n = (n + 0)
+  return (cost + 0), scopes, sub(rest, n + 1), sub(rest, 1, n), ((p or '0') + 0)
 end
 
 local function token_of(pm)
-  return string.sub(pm, string.find(pm, ':', 1, true) + 1)
+  return sub(pm, find(pm, ':', 1, true) + 1)
 end
 
 -- unreserve takes the pending reservation pm, at s, off the log.
 local function unreserve(log, pm, s)
-  redis.call('ZREM', log.P, pm)
+  call('ZREM', log.P, pm)
   log.p_removed = true
   drop(log, '@' .. pm, s, cost_of('@' .. pm))
 end
@@ -1335,7 +1345,7 @@ end
 -- reserve puts the pending reservation pm at s on the log (c_room must have said yes).
 local function reserve(log, pm, s)
   put(log, '@' .. pm, s, cost_of('@' .. pm))
-  redis.call('ZADD', log.P, fmt(s), pm)
+  call('ZADD', log.P, fmt(s), pm)
   if not has_p(log) then
     log.flags = log.flags + 4
   end
@@ -1347,13 +1357,13 @@ local function lapse(log, now, claim_timeout, leases, fairq)
   if not has_p(log) then
     return
   end
-  local gone = redis.call('ZRANGEBYSCORE', log.P, FLOOR, fmt(now - claim_timeout), 'WITHSCORES', 'LIMIT', 0, K_LAPSE)
+  local gone = call('ZRANGEBYSCORE', log.P, FLOOR, fmt(now - claim_timeout), 'WITHSCORES', 'LIMIT', 0, K_LAPSE)
   for i = 1, #gone, 2 do
-    unreserve(log, gone[i], tonumber(gone[i + 1]))
+    unreserve(log, gone[i], (gone[i + 1] + 0))
     local token = token_of(gone[i])
-    redis.call('HDEL', leases, token)
+    call('HDEL', leases, token)
     if fairq then
-      redis.call('ZREM', fairq, token)
+      call('ZREM', fairq, token)
     end
   end
 end
@@ -1364,31 +1374,31 @@ end
 if ARGV[1] == 'p' then
   -- "#p" at its end, never earlier than a pause in force (GT); the log lives at least
   -- until then (its TTL only grows: its entries' TTL is set by decisions).
-  local till, now = tonumber(ARGV[2]), tonumber(ARGV[3])
+  local till, now = (ARGV[2] + 0), (ARGV[3] + 0)
   if till <= now then
     return 0 -- already over
   end
-  redis.call('ZADD', KEYS[1], 'GT', string.format('%d', till - BASE), '#p')
+  call('ZADD', KEYS[1], 'GT', format('%d', till - BASE), '#p')
   -- Flag 8 of "#" sends every decision on the log to general (a log never written gets
   -- "#" at hw 0).
-  local hs = redis.call('ZSCORE', KEYS[1], '#')
-  local x = hs and (tonumber(hs) + BASE) or 0
+  local hs = call('ZSCORE', KEYS[1], '#')
+  local x = hs and (hs + BASE) or 0
   if x % 16 < 8 then
-    redis.call('ZADD', KEYS[1], string.format('%d', x + 8 - BASE), '#')
+    call('ZADD', KEYS[1], format('%d', x + 8 - BASE), '#')
   end
-  local ttl = string.format('%d', till - now)
-  if redis.call('PEXPIRE', KEYS[1], ttl, 'GT') == 0 then
-    redis.call('PEXPIRE', KEYS[1], ttl, 'NX')
+  local ttl = format('%d', till - now)
+  if call('PEXPIRE', KEYS[1], ttl, 'GT') == 0 then
+    call('PEXPIRE', KEYS[1], ttl, 'NX')
   end
   return 1
 end
 if ARGV[1] == 'u' then
-  if redis.call('ZREM', KEYS[1], '#p') == 0 then
+  if call('ZREM', KEYS[1], '#p') == 0 then
     return 0
   end
-  local hs = redis.call('ZSCORE', KEYS[1], '#')
-  if hs and (tonumber(hs) + BASE) % 16 >= 8 then
-    redis.call('ZADD', KEYS[1], string.format('%d', tonumber(hs) - 8), '#')
+  local hs = call('ZSCORE', KEYS[1], '#')
+  if hs and (hs + BASE) % 16 >= 8 then
+    call('ZADD', KEYS[1], format('%d', hs - 8), '#')
   end
   return 1
 end
@@ -1398,40 +1408,40 @@ end
 
 if ARGV[1] == 'r' then
   local leases, token = KEYS[1], ARGV[2]
-  local base = string.sub(leases, 1, #leases - 6) -- "<prefix>:{<type>}:"
-  local rec = redis.call('HGET', leases, token)
+  local base = sub(leases, 1, #leases - 6) -- "<prefix>:{<type>}:"
+  local rec = call('HGET', leases, token)
   if not rec then
     return 0
   end
   local cost, scopes, tenant = lease_parse(rec)
-  scopes = string.match(scopes, '^%a+') -- its logs' letters
+  scopes = match(scopes, '^%a+') -- its logs' letters
   local pm = cost .. ':' .. token
   local held = 0
   for i = 1, #scopes do -- at most 2 logs
-    local part = string.sub(scopes, i, i) == 'y' and 'type' or ('tenant:' .. tenant)
+    local part = sub(scopes, i, i) == 'y' and 'type' or ('tenant:' .. tenant)
     local log = new_log(base .. part, base .. 'pending:' .. part, base .. 'costs:' .. part)
     log.add = {}
     load(log)
-    local s = has_p(log) and redis.call('ZSCORE', log.P, pm)
+    local s = has_p(log) and call('ZSCORE', log.P, pm)
     if s then
       held = 1
-      unreserve(log, pm, tonumber(s))
+      unreserve(log, pm, (s + 0))
       if log.hinted then -- an instant before the end slot may have room now (END SLOT HINT)
-        redis.call('ZREM', log.L, '#e')
+        call('ZREM', log.L, '#e')
       end
       if has_c(log) then
         -- c_shift's ZREM may have emptied C, and its ZADD made it again with no TTL; no
         -- finish runs here to set one. C lives as long as its log (finish gives both one
         -- TTL), so it takes L's.
-        local ttl = redis.call('PTTL', log.L)
+        local ttl = call('PTTL', log.L)
         if ttl > 0 then
-          redis.call('PEXPIRE', log.C, ttl)
+          call('PEXPIRE', log.C, ttl)
         end
       end
     end
   end
-  redis.call('HDEL', leases, token)
-  redis.call('ZREM', base .. 'fair', token)
+  call('HDEL', leases, token)
+  call('ZREM', base .. 'fair', token)
   return held
 end
 
@@ -1439,35 +1449,35 @@ end
 -- Decide (op "d")
 
 local caller, server_ms, skewed = read_clock()
-local fresh = string.byte(ARGV[2], 1) == 33
-local member = fresh and string.sub(ARGV[2], 2) or ARGV[2]
+local fresh = byte(ARGV[2], 1) == 33
+local member = fresh and sub(ARGV[2], 2) or ARGV[2]
 local cost, wait, claim_timeout, claim_wait, weight = 1, 0, DEFAULT_CLAIM_TIMEOUT, 0, 1
 local token, holder, tenant = '', '', ''
 local prio, prio_rec = 0, '' -- the priority, and its "p<priority>:" before the lease record
 local spread = false -- SPACING
 if ARGV[5] ~= '' then
   -- ["p<priority>:"]"<cost>:<wait>:<claim timeout>:<claim wait>:<weight>:<n>:<token><n>:<holder><tenant>"
-  local p, extra = string.match(ARGV[5], '^p(%d+):(.*)$')
+  local p, extra = match(ARGV[5], '^p(%d+):(.*)$')
   if p then
-    prio, prio_rec = tonumber(p), 'p' .. p .. ':'
+    prio, prio_rec = (p + 0), 'p' .. p .. ':'
   end
   extra = extra or ARGV[5]
-  if string.byte(extra, 1) == 115 then -- "s:"
-    spread, extra = true, string.sub(extra, 3)
+  if byte(extra, 1) == 115 then -- "s:"
+    spread, extra = true, sub(extra, 3)
   end
-  local c, w, ct, cw, wt, n, rest = string.match(extra, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(.*)$')
-  cost, wait, claim_timeout, claim_wait, weight = tonumber(c), tonumber(w), tonumber(ct), tonumber(cw), tonumber(wt)
-  token = string.sub(rest, 1, tonumber(n))
-  local hn, tail = string.match(string.sub(rest, tonumber(n) + 1), '^(%d+):(.*)$')
-  holder, tenant = string.sub(tail, 1, tonumber(hn)), string.sub(tail, tonumber(hn) + 1)
+  local c, w, ct, cw, wt, n, rest = match(extra, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(.*)$')
+  cost, wait, claim_timeout, claim_wait, weight = (c + 0), (w + 0), (ct + 0), (cw + 0), (wt + 0)
+  token = sub(rest, 1, (n + 0))
+  local hn, tail = match(sub(rest, n + 1), '^(%d+):(.*)$')
+  holder, tenant = sub(tail, 1, (hn + 0)), sub(tail, hn + 1)
 end
 local m = #KEYS
-local base = string.match(KEYS[1], '^.-}:')
+local base = match(KEYS[1], '^.-}:')
 local LEASES, FAIRQ, FAIRH = base .. 'leases', base .. 'fair', base .. 'fairstate'
 local type_log = 0
 local logs = {}
 for j = 1, m do
-  local part = string.sub(KEYS[j], #base + 1)
+  local part = sub(KEYS[j], #base + 1)
   logs[j] = new_log(KEYS[j], base .. 'pending:' .. part, base .. 'costs:' .. part)
   logs[j].add = {}
   if part == 'type' then
@@ -1477,8 +1487,8 @@ end
 local quotas = {}
 local nq = math.floor((#ARGV - 5) / 3)
 for i = 1, nq do
-  local log = logs[nq == 1 and 1 or string.byte(ARGV[#ARGV], i) - 48]
-  local q = {limit = tonumber(ARGV[3 + 3 * i]), w = tonumber(ARGV[4 + 3 * i]), log = log}
+  local log = logs[nq == 1 and 1 or byte(ARGV[#ARGV], i) - 48]
+  local q = {limit = (ARGV[3 + 3 * i] + 0), w = (ARGV[4 + 3 * i] + 0), log = log}
   log.q[#log.q + 1] = q
   log.wmax = math.max(log.wmax, q.w)
   quotas[#quotas + 1] = q
@@ -1499,7 +1509,7 @@ local now = caller
 for j = 1, m do
   local s = load(logs[j], logs[j] == replay_log and not fresh and am or nil)
   if s then
-    replayed_at = tonumber(s)
+    replayed_at = (s + 0)
   end
   now = math.max(now, logs[j].hw)
 end
@@ -1564,8 +1574,8 @@ local held_at = nil
 if token ~= '' then
   local seen, whole = {}, true
   for j = 1, m do
-    local s = has_p(logs[j]) and redis.call('ZSCORE', logs[j].P, pm)
-    seen[j] = s and tonumber(s)
+    local s = has_p(logs[j]) and call('ZSCORE', logs[j].P, pm)
+    seen[j] = s and (s + 0)
     if not seen[j] or (seen[1] and seen[j] ~= seen[1]) then
       whole = false
     end
@@ -1581,7 +1591,7 @@ if token ~= '' then
       end
     end
     if any and tlog then
-      redis.call('ZREM', FAIRQ, token)
+      call('ZREM', FAIRQ, token)
     end
   end
 end
@@ -1590,15 +1600,15 @@ local held = held_at and 1 or 0
 -- fair_claimed moves the type quota's virtual time to the tag of a claimed reservation.
 local function fair_claimed()
   if tlog then
-    local tag = redis.call('ZSCORE', FAIRQ, token)
+    local tag = call('ZSCORE', FAIRQ, token)
     if tag then
-      redis.call('ZREM', FAIRQ, token)
-      if tonumber(tag) > tonumber(redis.call('HGET', FAIRH, 'v') or '0') then
-        redis.call('HSET', FAIRH, 'v', tag)
+      call('ZREM', FAIRQ, token)
+      if (tag + 0) > ((call('HGET', FAIRH, 'v') or '0') + 0) then
+        call('HSET', FAIRH, 'v', tag)
       end
     end
   end
-  redis.call('HDEL', LEASES, token)
+  call('HDEL', LEASES, token)
 end
 
 if held_at and held_at > now + claim_wait then
@@ -1626,15 +1636,15 @@ if held_at and held_at >= now and claim_fits(held_at) then
   -- Claimed ahead or on time: the reservation becomes the admission, in place.
   for j = 1, m do
     local log = logs[j]
-    redis.call('ZREM', log.P, pm)
+    call('ZREM', log.P, pm)
     log.p_removed = true
-    redis.call('ZREM', log.L, '@' .. pm)
+    call('ZREM', log.L, '@' .. pm)
     put(log, am, held_at, 1) -- cost 1: a weighted entry keeps its C entry, renamed below
     if cost > 1 then
-      for _, cm in ipairs(redis.call('ZRANGEBYSCORE', log.C, fmt(held_at), fmt(held_at))) do
-        if string.sub(cm, 18) == '@' .. pm then
-          redis.call('ZREM', log.C, cm)
-          redis.call('ZADD', log.C, fmt(held_at), string.sub(cm, 1, 17) .. am)
+      for _, cm in ipairs(call('ZRANGEBYSCORE', log.C, fmt(held_at), fmt(held_at))) do
+        if sub(cm, 18) == '@' .. pm then
+          call('ZREM', log.C, cm)
+          call('ZADD', log.C, fmt(held_at), sub(cm, 1, 17) .. am)
         end
       end
     end
@@ -1665,8 +1675,8 @@ local function placeable(t0)
   local after = nil
   for j = 1, m do
     if not c_room(logs[j], t) then
-      local r = redis.call('ZRANGE', logs[j].C, -1, -1, 'WITHSCORES')
-      after = math.max(after or t, tonumber(r[2]))
+      local r = call('ZRANGE', logs[j].C, -1, -1, 'WITHSCORES')
+      after = math.max(after or t, (r[2] + 0))
     end
   end
   if after then
@@ -1704,9 +1714,9 @@ scopes = #tq > 0 and (letters .. '=' .. table.concat(tq, ',')) or letters -- a l
 -- under the quotas it reserved under (its tier's), not this call's.
 local function tenant_quotas(vs)
   local qs, wmax = {}, 0
-  for l, w in string.gmatch(string.match(vs, '=(.*)$') or '', '(%d+)/(%d+)') do -- its quotas: at most as many as ARGV holds
-    qs[#qs + 1] = {limit = tonumber(l), w = tonumber(w)}
-    wmax = math.max(wmax, tonumber(w))
+  for l, w in string.gmatch(match(vs, '=(.*)$') or '', '(%d+)/(%d+)') do -- its quotas: at most as many as ARGV holds
+    qs[#qs + 1] = {limit = (l + 0), w = (w + 0)}
+    wmax = math.max(wmax, (w + 0))
   end
   return qs, wmax
 end
@@ -1745,7 +1755,7 @@ local function movable(vs, vt)
   if vt == tenant or tlog == nil then
     return false
   end
-  return vs == 'y' or string.find(vs, '=', 1, true) ~= nil and string.find(string.match(vs, '^%a+'), 'y', 1, true) ~= nil
+  return vs == 'y' or find(vs, '=', 1, true) ~= nil and find(match(vs, '^%a+'), 'y', 1, true) ~= nil
 end
 
 -- displace gives the slot at sv of the pending reservation v (cost 1, of scopes vscopes,
@@ -1758,9 +1768,9 @@ local function displace(v, sv, vt, admit, vscopes)
   if vt == tenant then
     vlogs = logs
   else
-    local vletters = string.match(vscopes, '^%a+')
+    local vletters = match(vscopes, '^%a+')
     for i = 1, #vletters do -- at most 2 logs
-      if string.sub(vletters, i, i) == 'y' then
+      if sub(vletters, i, i) == 'y' then
         vlogs[i] = tlog
       else
         local part = 'tenant:' .. vt
@@ -1802,18 +1812,18 @@ end
 local v, sv, vt, vsc = nil, nil, nil, nil
 if prio > 0 and cost == 1 and token ~= '' then
   local plog = tlog or logs[1]
-  local page = has_p(plog) and redis.call('ZRANGEBYSCORE', plog.P, '(' .. fmt(now), '(' .. fmt(t), 'WITHSCORES', 'LIMIT', 0, K_PRIO) or {}
+  local page = has_p(plog) and call('ZRANGEBYSCORE', plog.P, '(' .. fmt(now), '(' .. fmt(t), 'WITHSCORES', 'LIMIT', 0, K_PRIO) or {}
   local tokens = {}
   for i = 1, #page, 2 do
     tokens[#tokens + 1] = token_of(page[i])
   end
-  local recs = #tokens > 0 and redis.call('HMGET', LEASES, unpack(tokens)) or {} -- at most K_PRIO
+  local recs = #tokens > 0 and call('HMGET', LEASES, unpack(tokens)) or {} -- at most K_PRIO
   local roomy = {}
   for i = 1, #tokens do
     local rec = recs[i]
-    if rec and string.sub(page[2 * i - 1], 1, 2) == '1:' then
+    if rec and sub(page[2 * i - 1], 1, 2) == '1:' then
       local vcost, vscopes, vten, _, vprio = lease_parse(rec)
-      local s = tonumber(page[2 * i])
+      local s = (page[2 * i] + 0)
       if vcost == 1 and movable(vscopes, vten) and vprio < prio and room_for(s, vten, roomy) then
         v, sv, vt, vsc = page[2 * i - 1], s, vten, vscopes
         break
@@ -1886,8 +1896,8 @@ end
 -- Reserve: at a lower priority's slot (found above), else at the fair rank on a type quota.
 local tag = nil
 if tlog then
-  local fh = redis.call('HMGET', FAIRH, 'v', 'l:' .. tenant)
-  tag = math.max(tonumber(fh[1] or '0'), tonumber(fh[2] or '0')) + math.floor(cost * FAIR_UNIT / weight + 0.5)
+  local fh = call('HMGET', FAIRH, 'v', 'l:' .. tenant)
+  tag = math.max(((fh[1] or '0') + 0), ((fh[2] or '0') + 0)) + math.floor(cost * FAIR_UNIT / weight + 0.5)
 end
 
 local placed = false
@@ -1901,27 +1911,27 @@ if not placed and tlog and cost == 1 then
   -- that is another tenant's of cost 1, no higher priority and a later tag (one ranked
   -- before this event keeps its slot), after now and before t, where our other quotas
   -- have room.
-  local rank = redis.call('ZCOUNT', FAIRQ, '-inf', fmt(tag))
-  local at_rank = redis.call('ZRANGE', tlog.P, rank, rank, 'WITHSCORES')[2]
-  local page = at_rank and redis.call('ZRANGEBYSCORE', tlog.P, at_rank, '+inf', 'WITHSCORES', 'LIMIT', 0, K_FAIR) or {}
+  local rank = call('ZCOUNT', FAIRQ, '-inf', fmt(tag))
+  local at_rank = call('ZRANGE', tlog.P, rank, rank, 'WITHSCORES')[2]
+  local page = at_rank and call('ZRANGEBYSCORE', tlog.P, at_rank, '+inf', 'WITHSCORES', 'LIMIT', 0, K_FAIR) or {}
   local tokens = {}
   for i = 1, #page, 2 do
     tokens[#tokens + 1] = token_of(page[i])
   end
-  local recs = #tokens > 0 and redis.call('HMGET', LEASES, unpack(tokens)) or {} -- at most K_FAIR
+  local recs = #tokens > 0 and call('HMGET', LEASES, unpack(tokens)) or {} -- at most K_FAIR
   local tags = nil -- their fair tags, read once at the first candidate that needs them
   local fv, fsv, fvt, fsc = nil, nil, nil, nil
   local roomy = {} -- per instant, whether our other logs have room there
   for i = 1, #tokens do
-    local s = tonumber(page[2 * i])
+    local s = (page[2 * i] + 0)
     if s >= t then
       break
     end
     local rec = recs[i]
-    if rec and s > now and string.sub(page[2 * i - 1], 1, 2) == '1:' then
+    if rec and s > now and sub(page[2 * i - 1], 1, 2) == '1:' then
       local vcost, vscopes, vten, _, vprio = lease_parse(rec)
       if vcost == 1 and movable(vscopes, vten) and vten ~= tenant and vprio <= prio then
-        tags = tags or redis.call('ZMSCORE', FAIRQ, unpack(tokens)) -- at most K_FAIR
+        tags = tags or call('ZMSCORE', FAIRQ, unpack(tokens)) -- at most K_FAIR
         if (tonumber(tags[i]) or 0) > tag and room_for(s, vten, roomy) then
           fv, fsv, fvt, fsc = page[2 * i - 1], s, vten, vscopes
           break
@@ -1935,16 +1945,16 @@ if not placed and tlog and cost == 1 then
     -- reservations wait at the end of the backlog with their early tags; the rank counts
     -- them, so its instant can fall among them, after the later tags still waiting in
     -- place.
-    local nt = redis.call('ZRANGEBYSCORE', FAIRQ, '(' .. fmt(tag), '+inf', 'LIMIT', 0, K_FAIR)
+    local nt = call('ZRANGEBYSCORE', FAIRQ, '(' .. fmt(tag), '+inf', 'LIMIT', 0, K_FAIR)
     if #nt > 0 then
       local pms = {}
       for i, tk in ipairs(nt) do
         pms[i] = '1:' .. tk
       end
-      local ss = redis.call('ZMSCORE', tlog.P, unpack(pms)) -- at most K_FAIR
-      local nrecs = redis.call('HMGET', LEASES, unpack(nt)) -- at most K_FAIR
+      local ss = call('ZMSCORE', tlog.P, unpack(pms)) -- at most K_FAIR
+      local nrecs = call('HMGET', LEASES, unpack(nt)) -- at most K_FAIR
       for i = 1, #nt do -- of those that can give their slot, the earliest (the first on ties)
-        local s = ss[i] and tonumber(ss[i])
+        local s = ss[i] and (ss[i] + 0)
         if s and s < t and nrecs[i] and s > now then
           local vcost, vscopes, vten, _, vprio = lease_parse(nrecs[i])
           if vcost == 1 and movable(vscopes, vten) and vten ~= tenant and vprio <= prio and room_for(s, vten, roomy) and
@@ -1973,18 +1983,18 @@ local created = server_ms
 if created == 0 and VOUCHED then
   created = caller
 elseif created == 0 then
-  local t = redis.call('TIME')
+  local t = call('TIME')
   created = t[1] * 1000 + math.floor(t[2] / 1000)
 end
-redis.call('HSET', LEASES, token, prio_rec .. cost .. ':' .. scopes .. ':' .. fmt(created) .. ':' .. #holder .. ':' .. holder .. tenant)
+call('HSET', LEASES, token, prio_rec .. cost .. ':' .. scopes .. ':' .. fmt(created) .. ':' .. #holder .. ':' .. holder .. tenant)
 local horizon = 0
 for j = 1, m do
   horizon = math.max(horizon, math.max(t, logs[j].hiw) - now + logs[j].wmax + claim_timeout + SLACK)
 end
 grow(LEASES, horizon)
 if tlog then
-  redis.call('ZADD', FAIRQ, fmt(tag), token)
-  redis.call('HSET', FAIRH, 'l:' .. tenant, fmt(tag))
+  call('ZADD', FAIRQ, fmt(tag), token)
+  call('HSET', FAIRH, 'l:' .. tenant, fmt(tag))
   grow(FAIRQ, horizon)
   grow(FAIRH, horizon)
 end
