@@ -3,6 +3,7 @@ package throttle_test
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"maps"
 	"math"
@@ -36,6 +37,12 @@ const (
 	benchHuge      = 1e9    // events per window of the admitting rows: never reached
 )
 
+// benchRounds is how many times BenchmarkLimiter_Allow runs its single-node rows, round
+// after round (the cluster and replica rows run in the last): on a shared machine whose
+// speed drifts over a run, a row's ratio to the ping and seed rows of its own round, and
+// the median of those over rounds, compare like with like better than one pass does.
+var benchRounds = flag.Int("bench.rounds", 1, "BenchmarkLimiter_Allow: rounds of its rows; above 1 the table adds each row's medians over the rounds")
+
 // benchTenantNames are the tenants of the many-keys rows, formatted once.
 var benchTenantNames = func() []string {
 	names := make([]string, benchTenants)
@@ -64,14 +71,23 @@ var benchTenantNames = func() []string {
 // master serves, on the one node and on a 3-master Redis Cluster started for (f') (its
 // nodes pinned to the same core). Ratios are
 // only meaningful within one run: rows compare with the ping and seed rows run before them.
+// With -bench.rounds N the single-node rows run N times, round after round (the cluster
+// and replica rows in the last), and a second table gives each row's medians over the
+// rounds, its ratios each over its own round's ping and seed rows.
 //
 // The benchmark asserts no speed. It fails on errors and on wrong outcomes: an admitting
 // row that denies, a hot-key row that admits more than its limit allows in the time the
 // run took, a reservation row that does not reserve.
 func BenchmarkLimiter_Allow(b *testing.B) {
 	env := benchStart(b)
-	for _, c := range env.cases() {
-		env.run(b, c)
+	cases := env.cases()
+	for round := 1; round <= *benchRounds; round++ {
+		env.round = round
+		for _, c := range cases {
+			if !c.once || round == *benchRounds {
+				env.run(b, c)
+			}
+		}
 	}
 	if len(env.order)+len(env.failures) > 0 {
 		redistest.PrintBenchTable(b.Name(), env.table())
@@ -87,11 +103,13 @@ type benchEnv struct {
 	replica  *redistest.Server // idle until row (f) makes it replicate the server (attach)
 	attached bool              // the replica is in sync
 	seed     *redis.Script
-	header   []string             // lines above the table: the setup
-	rows     map[string]*benchRow // by case name: the last run of each
-	order    []string             // case names in the order they ran
-	runs     int                  // runs started so far, to give each run keys of its own
-	failures []string             // cases that failed, and why
+	header   []string               // lines above the table: the setup
+	rows     map[string]*benchRow   // by case name: the last run of each
+	rounds   map[string][]*benchRow // by case name: every run of it, in order (-bench.rounds)
+	round    int                    // the round running, from 1
+	order    []string               // case names in the order they ran
+	runs     int                    // runs started so far, to give each run keys of its own
+	failures []string               // cases that failed, and why
 
 	top            *testing.B         // BenchmarkLimiter_Allow's own: its cleanups run at its end
 	cluster        *redistest.Cluster // row (f'), started by its first run
@@ -106,7 +124,7 @@ func benchStart(b *testing.B) *benchEnv {
 	srv, unpinned := redistest.StartServerPinned(b, benchRedisCPU)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 2 * benchCallers, MinIdleConns: benchCallers})
 	b.Cleanup(func() { _ = rdb.Close() })
-	env := &benchEnv{ctx: ctx, rdb: rdb, rows: map[string]*benchRow{}, top: b}
+	env := &benchEnv{ctx: ctx, rdb: rdb, rows: map[string]*benchRow{}, rounds: map[string][]*benchRow{}, top: b}
 	var err error
 	if env.lim, err = throttle.New(rdb, throttle.Config{}); err != nil {
 		b.Fatal(err)
@@ -172,6 +190,9 @@ type benchCase struct {
 	// nodes, if set, returns the servers whose INFO the row's Redis columns add up (a
 	// cluster's masters); nil: the one server.
 	nodes func() []*redis.Client
+	// once: the row runs in the last round only (-bench.rounds): the cluster's, and the
+	// replica's, which stays attached once a row attached it.
+	once bool
 }
 
 // benchOutcomes counts what the calls of one run got, and when the run began and ended.
@@ -183,6 +204,7 @@ type benchOutcomes struct {
 // benchRow is the last run of a case.
 type benchRow struct {
 	c         benchCase
+	round     int // the round it ran in, from 1
 	out       benchOutcomes
 	perSec    float64 // calls per second
 	cpuUS     float64 // Redis CPU per call, microseconds
@@ -280,7 +302,7 @@ func (e *benchEnv) run(b *testing.B, c benchCase) {
 		}
 		d := after.Sub(before)
 		cmd := d.Command(c.commands...)
-		row := &benchRow{c: c, out: out,
+		row := &benchRow{c: c, round: e.round, out: out,
 			perSec:   float64(out.calls) / out.end.Sub(out.start).Seconds(),
 			cpuUS:    d.CPU().Seconds() * 1e6 / float64(out.calls),
 			cmdCalls: cmd.Calls, noscript: d.Errors["NOSCRIPT"]}
@@ -315,6 +337,11 @@ func (e *benchEnv) run(b *testing.B, c benchCase) {
 			b.ReportMetric(x, "x_seed_cpu")
 		}
 	})
+	// The round's row: the last of the runs testing made to size b.N. testing names a
+	// case's later rounds case=<name>#01, #02...: a -bench pattern ending in $ skips them.
+	if r := e.rows[c.name]; ok && r != nil && r.round == e.round {
+		e.rounds[c.name] = append(e.rounds[c.name], r)
+	}
 	if !ok { // no row from a shorter run before the failure
 		delete(e.rows, c.name)
 		e.order = slices.DeleteFunc(e.order, func(name string) bool { return name == c.name })
@@ -366,6 +393,9 @@ func (e *benchEnv) table() string {
 		}
 	}
 	tw.Flush()
+	if *benchRounds > 1 {
+		e.medians(&sb)
+	}
 	for _, n := range notes {
 		sb.WriteString("\n" + n)
 	}
@@ -373,6 +403,58 @@ func (e *benchEnv) table() string {
 		sb.WriteString("\nFAILED " + f)
 	}
 	return strings.TrimRight(sb.String(), "\n")
+}
+
+// medians writes, per row that ran in more than one round, the median over its rounds of
+// decisions/s, cpu_us/op, script_us and p99_us, and of its ratios to the ping and seed rows
+// of the same round (with their lowest and highest).
+func (e *benchEnv) medians(sb *strings.Builder) {
+	fmt.Fprintf(sb, "\nmedians over %d rounds, each ratio over its own round's ping and seed rows [lowest-highest]:\n", *benchRounds)
+	tw := tabwriter.NewWriter(sb, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "case\trounds\tdecisions/s\tx_ping\tcpu_us/op\tx_seed_cpu\tscript_us\tp99_us")
+	ofRound := func(name string, round int) *benchRow {
+		for _, r := range e.rounds[name] {
+			if r.round == round {
+				return r
+			}
+		}
+		return nil
+	}
+	for _, name := range e.order {
+		runs := e.rounds[name]
+		if len(runs) < 2 {
+			continue
+		}
+		var perSec, cpu, script, p99, xPing, xSeed []float64
+		for _, r := range runs {
+			perSec, cpu, script, p99 = append(perSec, r.perSec), append(cpu, r.cpuUS), append(script, r.cmdUS), append(p99, r.p99US)
+			if p := ofRound("ping", r.round); p != nil && p.perSec > 0 {
+				xPing = append(xPing, r.perSec/p.perSec)
+			}
+			if s := ofRound(r.c.seed, r.round); s != nil && s.cpuUS > 0 {
+				xSeed = append(xSeed, r.cpuUS/s.cpuUS)
+			}
+		}
+		spread := func(xs []float64) string {
+			if len(xs) == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f [%.2f-%.2f]", median(xs), slices.Min(xs), slices.Max(xs))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%.2f\t%s\t%.2f\t%.1f\n", runs[0].c.label, len(runs), median(perSec),
+			spread(xPing), median(cpu), spread(xSeed), median(script), median(p99))
+	}
+	tw.Flush()
+}
+
+// median is the middle value of xs (the mean of the middle two for an even count); xs
+// must not be empty. It sorts a copy.
+func median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
 }
 
 // outcome says what the calls got, and anything odd Redis counted.
@@ -458,12 +540,12 @@ func (e *benchEnv) cases() []benchCase {
 			prepare: e.static(e.allowCall(e.lim, benchTypesRequest)),
 			check:   benchAllAdmitted},
 		{name: "types_10_cluster", label: "(f') the same, 3-master cluster", seed: "seed_10k", commands: script,
-			prepare: e.prepareCluster, check: benchAllAdmitted, nodes: e.clusterNodes},
+			prepare: e.prepareCluster, check: benchAllAdmitted, nodes: e.clusterNodes, once: true},
 		// Last: they attach the replica, whose stream the server then feeds on every write.
 		{name: "tenants_10k_replica", label: "(g) 10k tenants, 1 replica", seed: "seed_10k", commands: script,
-			prepare: e.attached10k("bench:10k-r", e.lim), check: benchAllAdmitted},
+			prepare: e.attached10k("bench:10k-r", e.lim), check: benchAllAdmitted, once: true},
 		{name: "tenants_10k_durable", label: "(g') 10k tenants, durable", seed: "seed_10k", commands: script,
-			prepare: e.attached10k("bench:10k-d", e.durable), check: benchAllAdmitted},
+			prepare: e.attached10k("bench:10k-d", e.durable), check: benchAllAdmitted, once: true},
 	}
 }
 
