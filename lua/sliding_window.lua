@@ -998,7 +998,7 @@ local function end_slot(log, t0, c)
     local y = nil -- the first entry instant with at most room after it
     if not has_c(log) then
       if n > room then
-        y = (call('ZRANGE', log.L, s0 + n - room - 1, s0 + n - room - 1, 'WITHSCORES')[2] + 0)
+        y = tonumber(call('ZRANGE', log.L, s0 + n - room - 1, s0 + n - room - 1, 'WITHSCORES')[2]) -- nil (no such entry) stays nil, as "if y" expects
       end
     elseif sum(log, -1, last) > room then
       local lo, hi = s0, s0 + n - 1 -- at most log2(N) rounds
@@ -1011,7 +1011,7 @@ local function end_slot(log, t0, c)
           lo = mid + 1
         end
       end
-      y = (call('ZRANGE', log.L, lo, lo, 'WITHSCORES')[2] + 0)
+      y = tonumber(call('ZRANGE', log.L, lo, lo, 'WITHSCORES')[2]) -- nil (no such entry) stays nil, as "if y" expects
     end
     if y then
       t = math.max(t, y + q.w)
