@@ -577,7 +577,7 @@ repeat
     if n_t < limit then
       t = hiw
     else
-      t = ((call('ZRANGEBYSCORE', key, a, '+inf', 'WITHSCORES', 'LIMIT', format('%d', n_t - limit), '1')[2]) + 0) + w
+      t = call('ZRANGEBYSCORE', key, a, '+inf', 'WITHSCORES', 'LIMIT', format('%d', n_t - limit), '1')[2] + w
     end
   elseif lo < limit then
     if hiw > now and call('ZCOUNT', key, '(' .. lower, format('%d', now + w - 1)) >= limit then

@@ -201,7 +201,8 @@ type benchOutcomes struct {
 	start, end                        time.Time
 }
 
-// benchRow is the last run of a case.
+// benchRow is one run of a case: the last that testing made to size b.N (rows keeps each
+// case's latest, rounds each round's).
 type benchRow struct {
 	c         benchCase
 	round     int // the round it ran in, from 1
