@@ -69,7 +69,11 @@ var benchTenantNames = func() []string {
 // untimed, the last 2000 timed one by one in SLOWLOG, and prints their percentiles under
 // the table. Rows (f) and (f') make the same calls, over 10 task types whose slots every
 // master serves, on the one node and on a 3-master Redis Cluster started for (f') (its
-// nodes pinned to the same core). Ratios are
+// nodes pinned to the same core). Rows (c0) and (d0) are not the limiter: they decide
+// (c)'s and (d)'s calls by plain scripts, the yardsticks of what the limiter's rules add:
+// testdata/plain_quotas.lua, the seed's algorithm on (c)'s three quotas and two keys, and
+// testdata/plain_reserve.lua, a reservation written as an entry, a pending entry and a
+// lease with their TTLs, deciding nothing else. Ratios are
 // only meaningful within one run: rows compare with the ping and seed rows run before them.
 // With -bench.rounds N the single-node rows run N times, round after round (the cluster
 // and replica rows in the last), and a second table gives each row's medians over the
@@ -103,6 +107,8 @@ type benchEnv struct {
 	replica  *redistest.Server // idle until row (f) makes it replicate the server (attach)
 	attached bool              // the replica is in sync
 	seed     *redis.Script
+	plainQ   *redis.Script          // testdata/plain_quotas.lua: row (c0)
+	plainR   *redis.Script          // testdata/plain_reserve.lua: row (d0)
 	header   []string               // lines above the table: the setup
 	rows     map[string]*benchRow   // by case name: the last run of each
 	rounds   map[string][]*benchRow // by case name: every run of it, in order (-bench.rounds)
@@ -138,12 +144,17 @@ func benchStart(b *testing.B) *benchEnv {
 	if env.durable, err = throttle.New(rdb, throttle.Config{MinReplicas: 1}); err != nil {
 		b.Fatal(err)
 	}
-	src, err := os.ReadFile("testdata/seed_sliding_window.lua")
-	if err != nil {
-		b.Fatal(err)
+	for _, f := range []struct {
+		s    **redis.Script
+		file string
+	}{{&env.seed, "seed_sliding_window.lua"}, {&env.plainQ, "plain_quotas.lua"}, {&env.plainR, "plain_reserve.lua"}} {
+		src, err := os.ReadFile("testdata/" + f.file)
+		if err != nil {
+			b.Fatal(err)
+		}
+		*f.s = redis.NewScript(string(src))
 	}
-	env.seed = redis.NewScript(string(src))
-	for _, s := range []*redis.Script{env.seed, lua.SlidingWindow} { // no NOSCRIPT in the rows
+	for _, s := range []*redis.Script{env.seed, env.plainQ, env.plainR, lua.SlidingWindow} { // no NOSCRIPT in the rows
 		if err := s.Load(ctx, rdb).Err(); err != nil {
 			b.Fatalf("SCRIPT LOAD: %v", err)
 		}
@@ -156,7 +167,8 @@ func benchStart(b *testing.B) *benchEnv {
 			benchCallers, 2*benchCallers, runtime.GOMAXPROCS(0), clientCPUs),
 		"cpu_us/op: Redis CPU (INFO used_cpu_sys+used_cpu_user) per call; script_us: INFO commandstats usec per EVALSHA/EVAL (PING for ping)",
 		"p99_us: INFO latencystats p99 of the run's EVALSHA (PING) execution times, after CONFIG RESETSTAT (histogram, within 1%)",
-		"x_seed_cpu: cpu_us/op over seed hot's for (a) (a') (d) (e), over seed 10k's for (b) (b') (c) (f) (f')",
+		"x_seed_cpu: cpu_us/op over seed hot's for (a) (a') (d) (d0) (e), over seed 10k's for (b) (b') (c) (c0) (f) (f')",
+		"(c0) (d0): not the limiter: (c) by the seed's algorithm on its 3 quotas (testdata/plain_quotas.lua), (d) by a plain reservation script (testdata/plain_reserve.lua)",
 		"(f'): 3 masters, all pinned to the one node's CPU; its Redis columns add up the masters' INFO (p99_us: the largest)",
 		"(g) (g'): the server has one replica (another redis-server, not pinned, attached before (g)); (g') is durable: MinReplicas 1, the script and WAIT in one pipeline",
 	}
@@ -523,8 +535,12 @@ func (e *benchEnv) cases() []benchCase {
 				}
 			}())),
 			check: benchAllAdmitted},
+		{name: "three_quotas_plain", label: "(c0) seed's algorithm, (c)'s quotas", seed: "seed_10k", commands: script,
+			prepare: e.static(e.plainQuotasCall), check: benchAllAdmitted},
 		{name: "reserve", label: "(d) hot key, reserve", seed: "seed_hot", commands: script,
 			prepare: e.prepareReserve, check: benchAllReserved},
+		{name: "reserve_plain", label: "(d0) plain reservation script", seed: "seed_hot", commands: script,
+			prepare: e.preparePlainReserve, check: benchAllReserved},
 		{name: "type_backlog", label: "(e) type, 10k waiting", seed: "seed_hot", commands: script,
 			prepare: e.prepareBacklog, check: benchAllReserved, sample: e.sampleScriptTimes},
 		{name: "hot_autopipeline", label: "(a') hot key, AutoPipeline", seed: "seed_hot", commands: script,
@@ -691,6 +707,53 @@ func (e *benchEnv) seedCall(key func(i int64) string, limit int) benchCall {
 			return benchAdmitted, nil
 		}
 		return benchDenied, nil
+	}
+}
+
+// plainQuotasCall is call i of row (c0): row (c)'s keys and quotas (a tenant's 1 s and
+// 1 h windows, the type's 1 s) decided by testdata/plain_quotas.lua, by the real clock.
+func (e *benchEnv) plainQuotasCall(ctx context.Context, i int64) (benchResult, error) {
+	t := benchTenantNames[i%benchTenants]
+	r, err := e.plainQ.Run(ctx, e.rdb, []string{"bench:plain:3q:" + t, "bench:plain:3q:type"}, time.Now().UnixMilli(), throttle.NewMember(),
+		benchHuge, time.Hour.Milliseconds(), 1, benchHuge, time.Second.Milliseconds(), 1, benchHuge, time.Second.Milliseconds(), 2).Int64Slice()
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("plain_quotas script: %w", err)
+	case len(r) == 0:
+		return 0, fmt.Errorf("plain_quotas script: an empty reply")
+	case r[0] == 1:
+		return benchAdmitted, nil
+	}
+	return benchDenied, nil
+}
+
+// preparePlainReserve readies a run of row (d0): row (d)'s hot key, its window filled,
+// each timed call reserving with a new token by testdata/plain_reserve.lua, by the real
+// clock.
+func (e *benchEnv) preparePlainReserve(b *testing.B, run int) benchCall {
+	keys := []string{"bench:plain:reserve-" + strconv.Itoa(run), "bench:plain:pending-" + strconv.Itoa(run), "bench:plain:leases-" + strconv.Itoa(run)}
+	call := func(ctx context.Context, token string) (int64, error) {
+		r, err := e.plainR.Run(ctx, e.rdb, keys, time.Now().UnixMilli(), time.Second.Milliseconds(), benchHotLimit, token).Int64Slice()
+		if err == nil && len(r) != 2 {
+			err = fmt.Errorf("reply %v, want 2 integers", r)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("plain_reserve script: %w", err)
+		}
+		return r[0], nil
+	}
+	for i := range benchHotLimit {
+		if allowed, err := call(e.ctx, "a"+strconv.Itoa(i)); err != nil || allowed != 1 {
+			b.Fatalf("(d0) filling the window: call %d of %d: %d, %v; want an admission", i+1, benchHotLimit, allowed, err)
+		}
+	}
+	prefix := "d" + strconv.Itoa(run) + "-"
+	return func(ctx context.Context, i int64) (benchResult, error) {
+		allowed, err := call(ctx, prefix+strconv.FormatInt(i, 10))
+		if err != nil || allowed == 1 {
+			return benchAdmitted, err
+		}
+		return benchReserved, nil
 	}
 }
 

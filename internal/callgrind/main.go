@@ -11,7 +11,9 @@
 // -only a,d runs PING, the seed rows and the named cases only (a to e; fair: (e) with a
 // fair displacement; admit: a task its rule does not throttle, as the middleware asks;
 // claim: a reservation claimed on time; floor: an EVALSHA of a script that returns at once,
-// sent (c)'s keys and arguments, the part of every row no script can save). It prints instructions per call and their ratios to the
+// sent (c)'s keys and arguments, the part of every row no script can save); with c and d,
+// plain_c and plain_d, rows (c0) and (d0) of the benchmark (plain scripts deciding them:
+// testdata/plain_quotas.lua, plain_reserve.lua). It prints instructions per call and their ratios to the
 // matching seed row and to PING.
 package main
 
@@ -86,6 +88,16 @@ func main() {
 	}
 	seed := redis.NewScript(string(seedSrc))
 	seed.Load(ctx, rdb)
+	fixture := func(name string) *redis.Script { // a plain_ fixture beside the seed's
+		src, err := os.ReadFile("throttle/testdata/" + name)
+		if err != nil {
+			fatalf("%v (run from the module root)", err)
+		}
+		s := redis.NewScript(string(src))
+		s.Load(ctx, rdb)
+		return s
+	}
+	plainQuotas, plainReserve := fixture("plain_quotas.lua"), fixture("plain_reserve.lua")
 	lua.SlidingWindow.Load(ctx, rdb)
 	pid := cmd.Process.Pid
 	measure := func(name string, call func(i int)) float64 {
@@ -135,7 +147,11 @@ func main() {
 	}
 	res := map[string]float64{}
 	order := []string{}
-	want := func(n string) bool {
+	var want func(n string) bool
+	want = func(n string) bool {
+		if c, ok := strings.CutPrefix(n, "plain_"); ok { // with the row it is the floor of
+			return want(c)
+		}
 		return *only == "" || strings.Contains(","+*only+",", ","+n+",") || n == "ping" || strings.HasPrefix(n, "seed")
 	}
 	run := func(name string, prep func(), call func(i int)) {
@@ -196,6 +212,21 @@ func main() {
 			fatalf("case c denied: a wrong outcome")
 		}
 	})
+	// plain_c, row (c0) of the benchmark: row (c) decided by the seed's algorithm on its
+	// two keys and three quotas (testdata/plain_quotas.lua), nothing more.
+	plainCall := func(i int) {
+		t := tenants[i%10000]
+		now := clock.Load()
+		if err := plainQuotas.Run(ctx, rdb, []string{"plain:3q:" + t, "plain:3q:type"}, now, throttle.NewMember(),
+			1e9, 3600000, 1, 1e9, 1000, 1, 1e9, 1000, 2).Err(); err != nil {
+			fatalf("%v", err)
+		}
+	}
+	run("plain_c", func() {
+		for i := 0; i < 10000; i++ {
+			plainCall(i)
+		}
+	}, func(i int) { clock.Add(1); plainCall(i) })
 	// floor, not a row of the benchmark: what Redis spends on an EVALSHA with row (c)'s 2
 	// keys and 15 arguments (as the limiter sends them, seen with MONITOR) when the script
 	// returns at once: parsing the call, building KEYS and ARGV, the reply.
@@ -223,6 +254,29 @@ func main() {
 		clock.Add(1)
 		if !must(lim.Allow(ctx, throttle.Request{Key: rk, Quotas: hot.Quotas, Reservation: "d" + strconv.Itoa(i)})).Reserved {
 			fatalf("case d not reserved: a wrong outcome")
+		}
+	})
+	// plain_d, row (d0) of the benchmark: row (d)'s reservation written plainly
+	// (testdata/plain_reserve.lua): a log entry, a pending entry and a lease, each with
+	// its TTL, and none of the limiter's other rules.
+	plainReserveCall := func(token string) int64 {
+		r, err := plainReserve.Run(ctx, rdb, []string{"plain:reserve", "plain:pending", "plain:leases"}, clock.Load(), 1000, 100, token).Int64Slice()
+		if err != nil {
+			fatalf("%v", err)
+		}
+		return r[1]
+	}
+	run("plain_d", func() {
+		for i := 0; i < 100; i++ {
+			plainReserveCall("a" + strconv.Itoa(i))
+		}
+		for i := 0; i < 2000; i++ {
+			plainReserveCall("p" + strconv.Itoa(i))
+		}
+	}, func(i int) {
+		clock.Add(1)
+		if plainReserveCall("d"+strconv.Itoa(i)) <= clock.Load() {
+			fatalf("case plain_d not reserved: a wrong outcome")
 		}
 	})
 	yq1000 := []throttle.Quota{yq(1000, time.Second)}
@@ -310,7 +364,7 @@ func main() {
 	fmt.Printf("%-10s %10s %8s %8s\n", "case", "Ir/call", "x_seed", "x_ping")
 	for _, n := range order {
 		ref := "seed_hot"
-		if n == "b" || n == "c" || n == "floor" || n == "seed_10k" {
+		if n == "b" || n == "c" || n == "plain_c" || n == "floor" || n == "seed_10k" {
 			ref = "seed_10k"
 		}
 		fmt.Printf("%-10s %10.0f %8.2f %8.2f\n", n, res[n], res[n]/res[ref], res[n]/res["ping"])
