@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"runtime"
 	"runtime/metrics"
 	"slices"
@@ -49,7 +50,11 @@ const (
 //   - row=asynq: nothing, a plain asynq.Config with the same intervals;
 //   - row=throttled: worker.New with the rule "bench:noop tenant=1000000000/1s", which
 //     never throttles, reservations on and MaxWait at their defaults, and WrapConfig;
-//   - row=throttled_autopipeline: the same with throttle.Config{AutoPipeline: true}.
+//   - row=throttled_autopipeline: the same with throttle.Config{AutoPipeline: true};
+//   - row=seed: not this project's middleware but the least one that asks Redis once per
+//     task: the seed's plain script (throttle/testdata/seed_sliding_window.lua) on the
+//     task's tenant key, limit 1000000000/1s, then the handler; no WrapConfig. It shows
+//     what one more script call per task costs any middleware, whatever the script.
 //
 // Each row reports tasks/s; x_asynq, that over the asynq row's; cpu_us/task, the Redis
 // server's CPU time (INFO used_cpu_sys + used_cpu_user) from Start until the queue has no
@@ -58,7 +63,7 @@ const (
 // scripts as well as the limiter's) per task; script_us, their mean execution time (INFO
 // commandstats); and go_cpu_us/task, this process's CPU time over the same span (asynq,
 // the middleware and go-redis: the client side, which shares the machine with Redis). It
-// then prints the rows side by side on stdout, with the throttled rows' increments over
+// then prints the rows side by side on stdout, with the other rows' increments over
 // the asynq row and each row's costliest commands. The
 // issue's targets (throttled >= 0.90 x asynq's tasks/s and <= 1.25 x its Redis CPU per
 // task) are for the reader: the benchmark asserts no speed. Ratios are only meaningful
@@ -104,6 +109,8 @@ type drainCase struct {
 	label string // first column of the table
 	// limiter, if set, returns the limiter of a throttled row; nil: no middleware.
 	limiter func(rdb *redis.Client) (*throttle.Limiter, error)
+	// plain, if set, returns the middleware of a row that is not this project's (seed).
+	plain func(rdb *redis.Client) (asynq.MiddlewareFunc, error)
 }
 
 // drainRow is the drain of a case.
@@ -146,6 +153,7 @@ func drainStart(b *testing.B) *drainEnv {
 		fmt.Sprintf("each row: %d %s tasks of %d tenants enqueued, then an asynq server, Concurrency %d, no-op handler, timed from Start to the last handler run",
 			drainTasks, drainTaskType, drainTenants, drainConcurrency),
 		fmt.Sprintf("throttled rows: rule %q (never throttles), reservations on, MaxWait default (%s); FLUSHDB between rows", drainRule, worker.DefaultMaxWait),
+		"seed script middleware: not this project's; the seed's plain script once per task on its tenant's key (limit never reached), then the handler; no WrapConfig",
 		"cpu_us/task: Redis CPU (INFO used_cpu_sys+used_cpu_user) from Start until no task is active, per task",
 		"evalsha/task, script_us: INFO commandstats EVALSHA+EVAL calls per task (asynq's scripts and the limiter's) and usec per call",
 		"go_cpu_us/task: this process's CPU time over the same span (runtime/metrics /cpu/classes total - idle), per task",
@@ -163,7 +171,36 @@ func (e *drainEnv) cases() []drainCase {
 		{name: "throttled_autopipeline", label: "throttled, AutoPipeline", limiter: func(rdb *redis.Client) (*throttle.Limiter, error) {
 			return throttle.New(rdb, throttle.Config{AutoPipeline: true})
 		}},
+		{name: "seed", label: "seed script middleware", plain: seedMiddleware},
 	}
+}
+
+// seedMiddleware returns row seed's middleware: before each task one call of the seed's
+// plain script on the key "bench:seed:<tenant>", 1000000000 events per 1 s (never
+// reached), then the handler. A call that errs or denies fails the task, which the
+// drain's checks then count as not run once.
+func seedMiddleware(rdb *redis.Client) (asynq.MiddlewareFunc, error) {
+	src, err := os.ReadFile("../throttle/testdata/seed_sliding_window.lua")
+	if err != nil {
+		return nil, err
+	}
+	script := redis.NewScript(string(src))
+	if err := script.Load(context.Background(), rdb).Err(); err != nil { // no NOSCRIPT in the row
+		return nil, fmt.Errorf("SCRIPT LOAD: %w", err)
+	}
+	return func(h asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			tenant, _ := producer.Tenant(task)
+			r, err := script.Run(ctx, rdb, []string{"bench:seed:" + tenant}, time.Now().UnixMilli(), 1000, 1000000000, throttle.NewMember()).Int64Slice()
+			if err != nil {
+				return fmt.Errorf("seed script: %w", err)
+			}
+			if len(r) != 2 || r[0] != 1 {
+				return fmt.Errorf("seed script: reply %v, want an admission", r)
+			}
+			return h.ProcessTask(ctx, task)
+		})
+	}, nil
 }
 
 // run runs case c as a sub-benchmark, row=<name>: a drain whenever testing calls it with
@@ -259,6 +296,11 @@ func (e *drainEnv) drain(b *testing.B, c drainCase) (*drainRow, error) {
 			return nil, err
 		}
 		cfg = worker.WrapConfig(cfg)
+	} else if c.plain != nil {
+		var err error
+		if mw, err = c.plain(e.rdb); err != nil {
+			return nil, err
+		}
 	}
 	if err := drainEnqueue(ctx, e.rdb, drainTasks); err != nil {
 		return nil, err
@@ -268,7 +310,7 @@ func (e *drainEnv) drain(b *testing.B, c drainCase) (*drainRow, error) {
 		return nil, fmt.Errorf("after enqueueing %d tasks: queue info %+v, %v; want them all pending", drainTasks, qi, err)
 	}
 
-	counts := newDrainCounts(drainTasks, mw != nil)
+	counts := newDrainCounts(drainTasks, c.limiter != nil)
 	var h asynq.Handler = asynq.HandlerFunc(counts.handle)
 	if mw != nil {
 		h = mw(h)
