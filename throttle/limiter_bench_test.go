@@ -73,7 +73,8 @@ var benchTenantNames = func() []string {
 // (c)'s and (d)'s calls by plain scripts, the yardsticks of what the limiter's rules add:
 // testdata/plain_quotas.lua, the seed's algorithm on (c)'s three quotas and two keys, and
 // testdata/plain_reserve.lua, a reservation written as an entry, a pending entry and a
-// lease with their TTLs, deciding nothing else. Ratios are
+// lease with their TTLs, deciding nothing else. Row (s') is the seed's script through
+// go-redis's automatic pipelining, as row (a') sends the limiter's. Ratios are
 // only meaningful within one run: rows compare with the ping and seed rows run before them.
 // With -bench.rounds N the single-node rows run N times, round after round (the cluster
 // and replica rows in the last), and a second table gives each row's medians over the
@@ -107,6 +108,7 @@ type benchEnv struct {
 	replica  *redistest.Server // idle until row (f) makes it replicate the server (attach)
 	attached bool              // the replica is in sync
 	seed     *redis.Script
+	seedAP   redis.Scripter         // e.rdb's AutoPipeliner, for row (s')
 	plainQ   *redis.Script          // testdata/plain_quotas.lua: row (c0)
 	plainR   *redis.Script          // testdata/plain_reserve.lua: row (d0)
 	header   []string               // lines above the table: the setup
@@ -138,6 +140,12 @@ func benchStart(b *testing.B) *benchEnv {
 	if env.ap, err = throttle.New(rdb, throttle.Config{AutoPipeline: true}); err != nil {
 		b.Fatal(err)
 	}
+	ap, err := rdb.AutoPipeline()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = ap.Close() })
+	env.seedAP = ap
 	// Started now, replicating nothing: the rows before (f) run on a primary without a
 	// replica, as before there were such rows.
 	env.replica = redistest.StartServer(b)
@@ -167,7 +175,8 @@ func benchStart(b *testing.B) *benchEnv {
 			benchCallers, 2*benchCallers, runtime.GOMAXPROCS(0), clientCPUs),
 		"cpu_us/op: Redis CPU (INFO used_cpu_sys+used_cpu_user) per call; script_us: INFO commandstats usec per EVALSHA/EVAL (PING for ping)",
 		"p99_us: INFO latencystats p99 of the run's EVALSHA (PING) execution times, after CONFIG RESETSTAT (histogram, within 1%)",
-		"x_seed_cpu: cpu_us/op over seed hot's for (a) (a') (d) (d0) (e), over seed 10k's for (b) (b') (c) (c0) (f) (f')",
+		"x_seed_cpu: cpu_us/op over seed hot's for (a) (a') (s') (d) (d0) (e), over seed 10k's for (b) (b') (c) (c0) (f) (f')",
+		"(s'): the seed's script through go-redis's AutoPipeliner on the same client, as (a') sends the limiter's",
 		"(c0) (d0): not the limiter: (c) by the seed's algorithm on its 3 quotas (testdata/plain_quotas.lua), (d) by a plain reservation script (testdata/plain_reserve.lua)",
 		"(f'): 3 masters, all pinned to the one node's CPU; its Redis columns add up the masters' INFO (p99_us: the largest)",
 		"(g) (g'): the server has one replica (another redis-server, not pinned, attached before (g)); (g') is durable: MinReplicas 1, the script and WAIT in one pipeline",
@@ -548,6 +557,9 @@ func (e *benchEnv) cases() []benchCase {
 				return throttle.Request{Key: throttle.Key{TaskType: "bench:hot-ap", Tenant: "hot"}, Quotas: hotQuota}
 			})),
 			check: benchHotBound(0)},
+		{name: "seed_hot_autopipeline", label: "(s') seed hot, AutoPipeline", seed: "seed_hot", commands: script,
+			prepare: e.static(e.seedCallOn(e.seedAP, func(int64) string { return "bench:seed:hot-ap" }, benchHotLimit)),
+			check:   benchHotBound(1)},
 		{name: "tenants_10k_autopipeline", label: "(b') 10k tenants, AutoPipeline", seed: "seed_10k", commands: script,
 			prepare: e.static(e.allowCall(e.ap, func(i int64) throttle.Request {
 				return throttle.Request{Key: throttle.Key{TaskType: "bench:10k-ap", Tenant: benchTenantNames[i%benchTenants]}, Quotas: hugeQuota}
@@ -696,8 +708,13 @@ func (e *benchEnv) static(call benchCall) func(*testing.B, int) benchCall {
 // seedCall runs the seed script on key(i) with a window of 1s and limit events, and the
 // caller's clock, with a fresh member as Limiter.Allow would make.
 func (e *benchEnv) seedCall(key func(i int64) string, limit int) benchCall {
+	return e.seedCallOn(e.rdb, key, limit)
+}
+
+// seedCallOn is seedCall through c: e.rdb, or its AutoPipeliner (row (s')).
+func (e *benchEnv) seedCallOn(c redis.Scripter, key func(i int64) string, limit int) benchCall {
 	return func(ctx context.Context, i int64) (benchResult, error) {
-		r, err := e.seed.Run(ctx, e.rdb, []string{key(i)}, time.Now().UnixMilli(), time.Second.Milliseconds(), limit, throttle.NewMember()).Int64Slice()
+		r, err := e.seed.Run(ctx, c, []string{key(i)}, time.Now().UnixMilli(), time.Second.Milliseconds(), limit, throttle.NewMember()).Int64Slice()
 		switch {
 		case err != nil:
 			return 0, fmt.Errorf("seed script: %w", err)
