@@ -549,7 +549,7 @@ func (e *benchEnv) cases() []benchCase {
 		{name: "reserve", label: "(d) hot key, reserve", seed: "seed_hot", commands: script,
 			prepare: e.prepareReserve, check: benchAllReserved},
 		{name: "reserve_plain", label: "(d0) plain reservation script", seed: "seed_hot", commands: script,
-			prepare: e.preparePlainReserve, check: benchAllReserved},
+			prepare: e.preparePlainReserve, check: benchMostlyReserved},
 		{name: "type_backlog", label: "(e) type, 10k waiting", seed: "seed_hot", commands: script,
 			prepare: e.prepareBacklog, check: benchAllReserved, sample: e.sampleScriptTimes},
 		{name: "hot_autopipeline", label: "(a') hot key, AutoPipeline", seed: "seed_hot", commands: script,
@@ -938,6 +938,18 @@ func benchAllAdmitted(o benchOutcomes) error {
 func benchAllReserved(o benchOutcomes) error {
 	if o.reserved != o.calls {
 		return fmt.Errorf("%d of %d calls reserved, want all (%d admitted, %d denied without a reservation)", o.reserved, o.calls, o.admitted, o.denied)
+	}
+	return nil
+}
+
+// benchMostlyReserved requires every call of row (d0) to reserve but at most one in a
+// thousand, which may be admitted: the plain script's end slot is the limit-th newest
+// entry's instant plus the window, or its newest entry's if later, not the earliest
+// instant with room, so that it can leave a window with room that the real clock then
+// reaches (26-46 admissions in runs of 68,000-81,000 calls).
+func benchMostlyReserved(o benchOutcomes) error {
+	if o.denied > 0 || o.admitted*1000 > o.calls {
+		return fmt.Errorf("%d of %d calls reserved, want all but at most one in 1000 admitted (%d admitted, %d denied without a reservation)", o.reserved, o.calls, o.admitted, o.denied)
 	}
 	return nil
 }
