@@ -11,9 +11,9 @@
 // -only a,d runs PING, the seed rows and the named cases only (a to e; fair: (e) with a
 // fair displacement; admit: a task its rule does not throttle, as the middleware asks;
 // claim: a reservation claimed on time; floor: an EVALSHA of a script that returns at once,
-// sent (c)'s keys and arguments, the part of every row no script can save); with c and d,
-// plain_c and plain_d, rows (c0) and (d0) of the benchmark (plain scripts deciding them:
-// testdata/plain_quotas.lua, plain_reserve.lua). It prints instructions per call and their ratios to the
+// sent (c)'s keys and arguments, the part of every row no script can save); with c, d
+// and e, plain_c, plain_d and plain_e, rows (c0), (d0) and (e0) of the benchmark (plain
+// scripts deciding them: testdata/plain_quotas.lua, plain_reserve.lua). It prints instructions per call and their ratios to the
 // matching seed row and to PING.
 package main
 
@@ -259,26 +259,32 @@ func main() {
 	// plain_d, row (d0) of the benchmark: row (d)'s reservation written plainly
 	// (testdata/plain_reserve.lua): a log entry, a pending entry and a lease, each with
 	// its TTL, and none of the limiter's other rules.
-	plainReserveCall := func(token string) int64 {
-		r, err := plainReserve.Run(ctx, rdb, []string{"plain:reserve", "plain:pending", "plain:leases"}, clock.Load(), 1000, 100, token).Int64Slice()
+	plainReserveCall := func(log string, limit int, token string) int64 {
+		r, err := plainReserve.Run(ctx, rdb, []string{"plain:" + log, "plain:pending:" + log, "plain:leases:" + log}, clock.Load(), 1000, limit, token).Int64Slice()
 		if err != nil {
 			fatalf("%v", err)
 		}
 		return r[1]
 	}
-	run("plain_d", func() {
-		for i := 0; i < 100; i++ {
-			plainReserveCall("a" + strconv.Itoa(i))
-		}
-		for i := 0; i < 2000; i++ {
-			plainReserveCall("p" + strconv.Itoa(i))
-		}
-	}, func(i int) {
-		clock.Add(1)
-		if plainReserveCall("d"+strconv.Itoa(i)) <= clock.Load() {
-			fatalf("case plain_d not reserved: a wrong outcome")
-		}
-	})
+	plainRow := func(name, log string, limit, backlog int) {
+		run(name, func() {
+			for i := 0; i < limit; i++ {
+				plainReserveCall(log, limit, "a"+strconv.Itoa(i))
+			}
+			for i := 0; i < backlog; i++ {
+				plainReserveCall(log, limit, "p"+strconv.Itoa(i))
+			}
+		}, func(i int) {
+			clock.Add(1)
+			if plainReserveCall(log, limit, "d"+strconv.Itoa(i)) <= clock.Load() {
+				fatalf("case %s not reserved: a wrong outcome", name)
+			}
+		})
+	}
+	plainRow("plain_d", "reserve", 100, 2000)
+	// plain_e, row (e0) of the benchmark: the same on row (e)'s limit and backlog, one
+	// log, no fairness.
+	plainRow("plain_e", "backlog", 1000, *backlog)
 	yq1000 := []throttle.Quota{yq(1000, time.Second)}
 	next := 0
 	ereq := func() throttle.Request {
