@@ -182,7 +182,9 @@ func badVar(name, problem string) error {
 }
 
 // Queues maps queue names to priorities. It reads envconfig's map syntax,
-// "default:1,critical:6", with spaces around names and numbers allowed.
+// "default:1,critical:6", with spaces around names and numbers allowed. A priority
+// follows its queue's last ':', so that a queue whose name holds ':' (asynq allows it,
+// and cmd/enqueue -queue fills one) reads as "a:b:1".
 type Queues map[string]int
 
 // Decode implements envconfig.Decoder.
@@ -192,7 +194,12 @@ func (q *Queues) Decode(s string) error {
 		if strings.TrimSpace(item) == "" {
 			continue
 		}
-		name, prio, ok := strings.Cut(item, ":")
+		i := strings.LastIndex(item, ":")
+		ok := i >= 0
+		name, prio := item, ""
+		if ok {
+			name, prio = item[:i], item[i+1:]
+		}
 		name, prio = strings.TrimSpace(name), strings.TrimSpace(prio)
 		if !ok || name == "" {
 			return fmt.Errorf("queue %q: want queue:priority, e.g. default:1,critical:6", strings.TrimSpace(item))

@@ -352,3 +352,21 @@ func TestConnectedReplicas(t *testing.T) {
 		t.Errorf("down: %d, true; want false", n)
 	}
 }
+
+// TestQueues_Decode_colonInName: a queue name may hold ':' (asynq allows it, and
+// cmd/enqueue -queue a:b fills one); its priority follows the last ':'.
+func TestQueues_Decode_colonInName(t *testing.T) {
+	var q Queues
+	if err := q.Decode("a:b:3, default:1,x:y:z: 2"); err != nil {
+		t.Fatal(err)
+	}
+	if want := (Queues{"a:b": 3, "default": 1, "x:y:z": 2}); !reflect.DeepEqual(q, want) {
+		t.Errorf("Decode = %v, want %v", q, want)
+	}
+	if s := q.String(); s != "a:b:3,x:y:z:2,default:1" {
+		t.Errorf("String() = %q, want a:b:3,x:y:z:2,default:1 (Decode reads it back)", s)
+	}
+	if err := q.Decode("a:b"); err == nil || err.Error() != `queue "a": priority "b" is not an integer >= 1` {
+		t.Errorf(`Decode("a:b") = %v, want queue "a": priority "b" is not an integer >= 1`, err)
+	}
+}
