@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hibiken/asynq"
 
@@ -14,19 +16,27 @@ import (
 
 // activity counts, per (task type, tenant), what happened since the last take: tasks
 // that ran (whose handler started: admitted by the limiter, once any wait for a slot a
-// little ahead is over, or of a type no rule throttles), tasks throttled (denials), and
-// runs whose handler failed. It is safe for concurrent use.
+// little ahead is over, or of a type no rule throttles), tasks throttled (denials), runs
+// whose handler failed, and runs cut short by the worker's shutdown (requeued: asynq puts
+// a task still running at WORKER_SHUTDOWN_TIMEOUT back in its queue, no failure counted,
+// and cancels its context, so that its handler returns context.Canceled). It is safe for
+// concurrent use.
 type activity struct {
-	mu     sync.Mutex
-	counts map[throttle.Key]*tally
+	mu       sync.Mutex
+	counts   map[throttle.Key]*tally
+	stopping atomic.Bool // the worker is shutting down (stop)
 }
 
 type tally struct {
-	ran, throttled, failed int
-	lastErr                string // the latest failed run's error
+	ran, throttled, failed, requeued int
+	lastErr                          string // the latest failed run's error
 }
 
 func newActivity() *activity { return &activity{counts: map[throttle.Key]*tally{}} }
+
+// stop says the worker is shutting down: from now on a run whose handler returns
+// context.Canceled counts as requeued, not failed.
+func (a *activity) stop() { a.stopping.Store(true) }
 
 // tally returns key's tally; a.mu must be held.
 func (a *activity) tally(key throttle.Key) *tally {
@@ -54,7 +64,8 @@ func (a *activity) decided(_ context.Context, _ *asynq.Task, key throttle.Key, d
 // handler wraps next, which runs inside the throttle middleware, so it is called when the
 // task starts: after the middleware admitted it and it waited for its slot, or at once for
 // a task that no rule throttles, that a shadow rule runs, or that runs unthrottled
-// (FailOpen, overdue=run). It counts the run, and a failed one.
+// (FailOpen, overdue=run). It counts the run, and a failed one (or, after stop, one that
+// the shutdown cut short: requeued).
 func (a *activity) handler(tenantHeader string, next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 		key := throttle.Key{TaskType: task.Type(), Tenant: task.Headers()[tenantHeader]}
@@ -65,8 +76,12 @@ func (a *activity) handler(tenantHeader string, next asynq.Handler) asynq.Handle
 		if err != nil {
 			a.mu.Lock()
 			t := a.tally(key)
-			t.failed++
-			t.lastErr = err.Error()
+			if a.stopping.Load() && errors.Is(err, context.Canceled) && ctx.Err() != nil {
+				t.requeued++
+			} else {
+				t.failed++
+				t.lastErr = err.Error()
+			}
 			a.mu.Unlock()
 		}
 		return err
@@ -78,7 +93,8 @@ func (a *activity) handler(tenantHeader string, next asynq.Handler) asynq.Handle
 //
 //	api:call tenant="acme" ran=5 throttled=12
 //
-// with " failed=N last_error=..." appended when a run failed. The tenant is always quoted (quote.Quote),
+// with " failed=N last_error=..." appended when a run failed and " requeued=N" when the
+// shutdown cut runs short. The tenant is always quoted (quote.Quote),
 // the task type only if it needs it (quote.Name), both cut to quote.MaxBytes (64) with
 // "...(N bytes)" after a cut one. If more than maxLines pairs had activity, only the maxLines busiest (most tasks ran, throttled and failed; ties by type
 // then tenant) get a line, and one more line sums up the rest:
@@ -110,7 +126,7 @@ func (a *activity) take(maxLines int) []string {
 		})
 		for _, k := range keys[maxLines:] {
 			t := counts[k]
-			rest.ran, rest.throttled, rest.failed = rest.ran+t.ran, rest.throttled+t.throttled, rest.failed+t.failed
+			rest.ran, rest.throttled, rest.failed, rest.requeued = rest.ran+t.ran, rest.throttled+t.throttled, rest.failed+t.failed, rest.requeued+t.requeued
 		}
 		keys = keys[:maxLines:maxLines]
 	}
@@ -126,15 +142,19 @@ func (a *activity) take(maxLines int) []string {
 }
 
 // total is every task t counts.
-func (t *tally) total() int { return t.ran + t.throttled + t.failed }
+func (t *tally) total() int { return t.ran + t.throttled + t.failed + t.requeued }
 
-// String is "ran=R throttled=T", with " failed=F" when F > 0, and then, for one (task
-// type, tenant), the latest failure's error: ` last_error="..."` (quoted, and cut to
-// quote.MaxErrorBytes, 256), so that a failing handler shows why in the log.
+// String is "ran=R throttled=T", with " failed=F" when F > 0 and " requeued=Q" when Q >
+// 0, and then, for one (task type, tenant), the latest failure's error: `
+// last_error="..."` (quoted, and cut to quote.MaxErrorBytes, 256), so that a failing
+// handler shows why in the log.
 func (t *tally) String() string {
 	s := fmt.Sprintf("ran=%d throttled=%d", t.ran, t.throttled)
 	if t.failed > 0 {
 		s += fmt.Sprintf(" failed=%d", t.failed)
+	}
+	if t.requeued > 0 {
+		s += fmt.Sprintf(" requeued=%d", t.requeued)
 	}
 	if t.lastErr != "" {
 		s += " last_error=" + quote.QuoteError(t.lastErr)

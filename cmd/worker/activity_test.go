@@ -131,6 +131,38 @@ func TestActivity_handler(t *testing.T) {
 	}
 }
 
+// TestActivity_handlerRequeuedAtShutdown: once the worker is stopping, a run whose
+// handler returns context.Canceled (asynq cancels what still runs at the shutdown
+// timeout and puts it back in its queue, no failure counted) counts as requeued, not
+// failed; any other error still counts as a failure, and before stop so does a
+// cancellation.
+func TestActivity_handlerRequeuedAtShutdown(t *testing.T) {
+	t.Parallel()
+	a := newActivity()
+	fail := errors.New("boom")
+	h := a.handler("tenant", asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		if string(task.Payload()) == "fail" {
+			return fail
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	}))
+	task := func(payload string) *asynq.Task {
+		return asynq.NewTaskWithHeaders("report:build", []byte(payload), map[string]string{"tenant": "acme"})
+	}
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = h.ProcessTask(canceled, task("wait")) // before stop: a failure
+	a.stop()
+	_ = h.ProcessTask(canceled, task("wait"))
+	_ = h.ProcessTask(canceled, task("wait"))
+	_ = h.ProcessTask(context.Background(), task("fail"))
+	want := []string{`report:build tenant="acme" ran=4 throttled=0 failed=2 requeued=2 last_error="boom"`}
+	if got := a.take(20); !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
 func TestAsynqLogger_dropsRevokeWarnings(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer

@@ -204,6 +204,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case <-tick.C:
 		case <-ctx.Done():
 			logger.Printf("shutting down: running tasks have up to WORKER_SHUTDOWN_TIMEOUT=%s to finish", cfg.ShutdownTimeout)
+			act.stop()
 			srv.Shutdown() // waits up to cfg.ShutdownTimeout, then requeues the tasks still running
 			done = true
 		}
