@@ -262,10 +262,16 @@ func (r *Rules) Decode(s string) error {
 // README's concurrency rule). Below that, tasks come back after their slots and are
 // denied again: fewer runs than the limit allows, and many more denials. The rate is the
 // rule's smallest events/window over its quotas (a tenant is bound by all of them);
-// more tenants need more workers still, which a rule alone does not tell.
+// more tenants need more workers still, which a rule alone does not tell. A shadow rule
+// gets no advice (its tasks never wait: worker.ModeShadow), nor does a rule with a cost
+// (cost=): its quotas count cost units, and how many tasks a second they admit depends
+// on their costs, which the rule alone does not tell either.
 func concurrencyAdvice(rules Rules, concurrency int, maxWait time.Duration) []string {
 	var out []string
 	for _, r := range rules {
+		if r.Mode == worker.ModeShadow || r.CostHeader != "" || r.CostFunc != nil {
+			continue
+		}
 		rate := -1.0
 		for _, q := range r.Quotas {
 			if qr := float64(q.Limit.Events) / q.Limit.Window.Seconds(); rate < 0 || qr < rate {

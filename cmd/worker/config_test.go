@@ -295,7 +295,7 @@ func TestAsynqConfig(t *testing.T) {
 // TestConcurrencyAdvice: tenant=20/1s needs 20 x 2 s + 1 = 41 workers (40 waiting, one
 // left for tasks due now): with 3 the worker warns and names 41; tenant=5/2s type=2/1s
 // binds one tenant at 2/s (the smaller), which 10 workers keep up with; so does the
-// default rule, tenant=5/2s.
+// default rule, tenant=5/2s. A shadow rule and a cost rule get no advice.
 func TestConcurrencyAdvice(t *testing.T) {
 	var rules Rules
 	if err := rules.Decode("api:call tenant=20/1s; mail:send tenant=5/2s type=2/1s"); err != nil {
@@ -315,6 +315,14 @@ func TestConcurrencyAdvice(t *testing.T) {
 	}
 	if got := concurrencyAdvice(rules[1:], 10, 2*time.Second); len(got) != 0 {
 		t.Errorf("mail:send at concurrency 10: %q, want no warning", got)
+	}
+	// A shadow rule's tasks never wait; a cost rule counts cost units, not tasks.
+	var quiet Rules
+	if err := quiet.Decode("api:call tenant=100/1s mode=shadow; llm:complete tenant=40000/1m cost=header:tokens"); err != nil {
+		t.Fatal(err)
+	}
+	if got := concurrencyAdvice(quiet, 3, 2*time.Second); len(got) != 0 {
+		t.Errorf("a shadow rule and a cost rule at concurrency 3: %q, want no warning", got)
 	}
 	clearEnv(t)
 	c, err := loadConfig()
