@@ -49,6 +49,8 @@ type options struct {
 }
 
 func main() {
+	// go-redis logs each failed dial on stderr; the demo reports the failure itself.
+	redisenv.QuietLogs()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := realMain(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

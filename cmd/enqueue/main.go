@@ -36,7 +36,8 @@
 //
 // Exit status: 0 when every task was enqueued; 1 when an enqueue failed (it stops at the
 // first failure, prints it on stderr and the report on stdout); 2 for bad flags or
-// environment (a REDIS_DB the Redis does not have included); 3 when ENQUEUE_QUOTA refused some tasks and every other was enqueued.
+// environment (a REDIS_DB the Redis does not have and a REDIS_PASSWORD it refuses
+// included); 3 when ENQUEUE_QUOTA refused some tasks and every other was enqueued.
 package main
 
 import (

@@ -22,7 +22,8 @@
 // SIGINT or SIGTERM (a second one kills it at once); 1 if Redis does not answer within 5s
 // at start, or asynq cannot start; 2 for a malformed variable (reported on stderr, naming
 // it), a REDIS_DB the Redis does not have, a REDIS_ADDR list of a Redis that is not a
-// cluster, an argument, or a METRICS_ADDR it cannot listen on.
+// cluster, a REDIS_PASSWORD the Redis refuses, an argument, or a METRICS_ADDR it cannot
+// listen on.
 package main
 
 import (
@@ -54,6 +55,10 @@ import (
 )
 
 func main() {
+	// go-redis logs each failed dial on stderr, dozens a second while Redis is down; the
+	// worker reports an unreachable Redis at start itself, and asynq's errors on stderr
+	// (at most one a few seconds) say when it goes away later.
+	redisenv.QuietLogs()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-ctx.Done()
@@ -101,7 +106,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	pingCtx, cancel := context.WithTimeout(ctx, redisPingTimeout)
 	err = cfg.Redis.Ping(pingCtx, rdb) // for Sentinel it says what is wrong: the addresses, the name, the master
 	cancel()
-	if redisenv.IsBadValue(err) { // REDIS_DB=99, a bad REDIS_ADDR: a bad value, not an outage
+	if redisenv.IsBadValue(err) { // REDIS_DB=99, a bad REDIS_ADDR or REDIS_PASSWORD: a bad value, not an outage
 		fmt.Fprintln(stderr, err)
 		return exitConfig
 	}
@@ -266,7 +271,8 @@ func usage(w io.Writer) {
 		"spent), to run again from the start. A second signal kills the worker at once.\n"+
 		"\nExit status: 0 after a shutdown by SIGINT or SIGTERM; 1 if Redis does not answer within %s at start\n"+
 		"or asynq cannot start; 2 for a malformed variable, a REDIS_DB the Redis does not have, a REDIS_ADDR\n"+
-		"list of a Redis that is not a cluster, an argument, or a METRICS_ADDR it cannot listen on.\n", redisPingTimeout)
+		"list of a Redis that is not a cluster, a REDIS_PASSWORD the Redis refuses, an argument, or a METRICS_ADDR\n"+
+		"it cannot listen on.\n", redisPingTimeout)
 }
 
 const usageFormat = "{{range .}}{{usage_key .}}\t{{usage_default .}}\t{{usage_description .}}\n{{end}}"

@@ -122,11 +122,16 @@ var ErrNotCluster = errors.New("redisenv: REDIS_ADDR lists several addresses of 
 // and each key of a slot another node serves would fail with MOVED.
 var ErrClusterNode = errors.New("redisenv: REDIS_ADDR gives one node of a Redis Cluster")
 
+// ErrAuth matches, under errors.Is, the error of Config.Ping when the Redis answered but
+// refused the connection's credentials: NOAUTH (it requires a password and REDIS_PASSWORD
+// is empty) or WRONGPASS (REDIS_PASSWORD is not its password).
+var ErrAuth = errors.New("redisenv: the Redis refused REDIS_PASSWORD")
+
 // IsBadValue reports whether err, from Config.Ping, is a bad REDIS_* value that Redis's
-// answer showed (ErrNoSuchDB, ErrNotCluster, ErrClusterNode), not an outage: a command
-// reports it as a bad variable.
+// answer showed (ErrNoSuchDB, ErrNotCluster, ErrClusterNode, ErrAuth), not an outage: a
+// command reports it as a bad variable.
 func IsBadValue(err error) bool {
-	return errors.Is(err, ErrNoSuchDB) || errors.Is(err, ErrNotCluster) || errors.Is(err, ErrClusterNode)
+	return errors.Is(err, ErrNoSuchDB) || errors.Is(err, ErrNotCluster) || errors.Is(err, ErrClusterNode) || errors.Is(err, ErrAuth)
 }
 
 // pingError is Ping's error for a bad REDIS_* value that Redis's reply shows: kind
@@ -237,6 +242,14 @@ const sentinelAskTimeout = time.Second
 func (c Config) Ping(ctx context.Context, rdb redis.UniversalClient) error {
 	err := rdb.Ping(ctx).Err()
 	var rerr redis.Error
+	if errors.As(err, &rerr) && (strings.HasPrefix(rerr.Error(), "NOAUTH") || strings.HasPrefix(rerr.Error(), "WRONGPASS")) {
+		set := "empty"
+		if c.Password != "" {
+			set = "set, but not the Redis's password"
+		}
+		return &pingError{kind: ErrAuth, err: err, msg: fmt.Sprintf("redisenv: REDIS_PASSWORD: the Redis at REDIS_ADDR=%q answered "+
+			"but refused the credentials (REDIS_PASSWORD is %s): %v", c.Addr, set, err)}
+	}
 	if errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "ERR DB index is out of range") {
 		return &pingError{kind: ErrNoSuchDB, err: err, msg: fmt.Sprintf("redisenv: REDIS_DB=\"%d\": the Redis at REDIS_ADDR=%q has no database %d (%v); "+
 			"it has databases 0 to N-1, N its \"databases\" setting (16 by default)", c.DB, c.Addr, c.DB, err)}

@@ -325,6 +325,39 @@ func TestConfig_Ping(t *testing.T) {
 	}
 }
 
+// TestConfig_Ping_auth: a Redis that requires a password refuses a connection without
+// one (NOAUTH) or with a wrong one (WRONGPASS); Ping says so as a bad REDIS_PASSWORD
+// (ErrAuth, a bad value: commands exit 2), not as a Redis that does not answer, and
+// answers with the right one.
+func TestConfig_Ping_auth(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	ctx := context.Background()
+	admin := srv.Client()
+	if err := admin.ConfigSet(ctx, "requirepass", "s3cret").Err(); err != nil {
+		t.Fatal(err)
+	}
+	ping := func(c redisenv.Config) error {
+		rdb := c.NewClient()
+		defer rdb.Close()
+		return c.Ping(ctx, rdb)
+	}
+	for _, c := range []struct{ password, want string }{
+		{"", `redisenv: REDIS_PASSWORD: the Redis at REDIS_ADDR="` + srv.Addr + `" answered but refused the credentials ` +
+			`(REDIS_PASSWORD is empty): NOAUTH Authentication required.`},
+		{"wrong", `redisenv: REDIS_PASSWORD: the Redis at REDIS_ADDR="` + srv.Addr + `" answered but refused the credentials ` +
+			`(REDIS_PASSWORD is set, but not the Redis's password): WRONGPASS invalid username-password pair or user is disabled.`},
+	} {
+		err := ping(redisenv.Config{Addr: srv.Addr, Password: c.password})
+		if err == nil || err.Error() != c.want || !errors.Is(err, redisenv.ErrAuth) || !redisenv.IsBadValue(err) {
+			t.Errorf("REDIS_PASSWORD=%q: %v\nwant %s (ErrAuth, a bad value)", c.password, err, c.want)
+		}
+	}
+	if err := ping(redisenv.Config{Addr: srv.Addr, Password: "s3cret"}); err != nil {
+		t.Errorf("the right REDIS_PASSWORD: %v", err)
+	}
+}
+
 // TestConfig_Ping_clusterNode: one address of a Redis Cluster node is refused as a bad
 // value (ErrClusterNode), naming what to give instead: a single-node client would send
 // every key there and get MOVED for the keys of other nodes' slots (a trial's cmd/worker
