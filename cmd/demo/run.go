@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"github.com/rs/xid"
 
 	"github.com/asynq-throttle/asynq-throttle/producer"
@@ -124,7 +125,7 @@ func run(ctx context.Context, o options, be *backend, prog progress, logw io.Wri
 	insp := asynq.NewInspectorFromRedisClient(be.rdb)
 	if !o.Keep {
 		defer func() {
-			if err := deleteQueue(insp, queue); err != nil {
+			if err := deleteQueue(insp, be.rdb, queue, start); err != nil {
 				logger.Printf("could not delete queue %s: %v", queue, err)
 			}
 		}()
@@ -138,9 +139,14 @@ func run(ctx context.Context, o options, be *backend, prog progress, logw io.Wri
 	if err := srv.Start(mux); err != nil {
 		return Report{}, fmt.Errorf("start asynq server: %w", err)
 	}
-	stopped := waitDone(ctx, o.Timeout, start, total, j, api, prog)
+	stopped, doneThen := waitDone(ctx, o.Timeout, start, total, j, api, prog)
 	elapsed := time.Since(start)
 	srv.Shutdown()
+	if done, _ := j.counts(); stopped != "" && done != doneThen {
+		// Tasks running when it stopped finish during Shutdown: the report's counts,
+		// read after it, include them.
+		stopped += fmt.Sprintf(", %d once the shutdown let the running ones finish", done)
+	}
 
 	states, err := inspect(insp, queue)
 	if err != nil {
@@ -187,8 +193,9 @@ func enqueue(ctx context.Context, c *asynq.Client, queue string, o options) (map
 }
 
 // waitDone shows progress until total tasks have completed, and returns "" then, or why
-// it stopped waiting: ctx ended (interrupted) or timeout passed since start.
-func waitDone(ctx context.Context, timeout time.Duration, start time.Time, total int, j *journal, api *fakeAPI, prog progress) string {
+// it stopped waiting: ctx ended (interrupted) or timeout passed since start; and the
+// tasks completed by then.
+func waitDone(ctx context.Context, timeout time.Duration, start time.Time, total int, j *journal, api *fakeAPI, prog progress) (string, int) {
 	defer prog.finish()
 	deadline := time.NewTimer(timeout - time.Since(start))
 	defer deadline.Stop()
@@ -198,13 +205,13 @@ func waitDone(ctx context.Context, timeout time.Duration, start time.Time, total
 		done, throttled := j.counts()
 		prog.update(done, total, throttled, api.rejectedTotal(), time.Since(start))
 		if done >= total {
-			return ""
+			return "", done
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Sprintf("interrupted with %d of %d tasks completed by then", done, total)
+			return fmt.Sprintf("interrupted with %d of %d tasks completed by then", done, total), done
 		case <-deadline.C:
-			return fmt.Sprintf("timed out after %s with %d of %d tasks completed by then", timeout, done, total)
+			return fmt.Sprintf("timed out after %s with %d of %d tasks completed by then", timeout, done, total), done
 		case <-tick.C:
 		}
 	}
@@ -369,14 +376,27 @@ func inspect(insp *asynq.Inspector, queue string) (map[string]taskStates, error)
 	return out, nil
 }
 
-// deleteQueue removes queue and its tasks. asynq's DeleteQueue leaves completed tasks
-// behind (and nothing would ever expire them without a server on the queue), so they go
-// first. Only asynq's per-queue counters (processed, failed) remain.
-func deleteQueue(insp *asynq.Inspector, queue string) error {
+// deleteQueue removes queue, its tasks and its counters. asynq's DeleteQueue leaves
+// completed tasks behind (and nothing would ever expire them without a server on the
+// queue), so they go first; it also leaves the queue's processed and failed counters,
+// the totals without a TTL and one of each per UTC day for 90 days, which asynq's
+// Inspector cannot delete: they go last, by the names asynq gives them
+// ("asynq:{<queue>}:processed", "...:processed:<YYYY-MM-DD>", and the same for failed),
+// for every day from start to now. The queue's name is the run's own.
+func deleteQueue(insp *asynq.Inspector, rdb redis.UniversalClient, queue string, start time.Time) error {
 	if _, err := insp.DeleteAllCompletedTasks(queue); err != nil {
 		return err
 	}
-	return insp.DeleteQueue(queue, true)
+	if err := insp.DeleteQueue(queue, true); err != nil {
+		return err
+	}
+	prefix := "asynq:{" + queue + "}:"
+	keys := []string{prefix + "processed", prefix + "failed"}
+	for day := start.UTC().Truncate(24 * time.Hour); !day.After(time.Now().UTC()); day = day.Add(24 * time.Hour) {
+		d := day.Format("2006-01-02")
+		keys = append(keys, prefix+"processed:"+d, prefix+"failed:"+d)
+	}
+	return rdb.Del(context.Background(), keys...).Err() // one slot on a Redis Cluster: the queue's hash tag
 }
 
 // asynqLogger is an asynq.Logger that writes through a *log.Logger.
