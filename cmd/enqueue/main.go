@@ -499,7 +499,7 @@ func report(cfg config, qs quotas, tallies map[string]*tally) []string {
 	if enqueued != cfg.total() {
 		n = fmt.Sprintf("%d of %d", enqueued, cfg.total())
 	}
-	totals := fmt.Sprintf("enqueued %s tasks of type %s to queue %s", n, cfg.taskType, cfg.queue)
+	totals := fmt.Sprintf("enqueued %s %s of type %s to queue %s", n, plural(cfg.total(), "task"), cfg.taskType, cfg.queue)
 	if refused > 0 {
 		totals += fmt.Sprintf("; ENQUEUE_QUOTA %q refused %d, of %d %s", qs.String(), refused, refusedTenants, plural(refusedTenants, "tenant"))
 	}

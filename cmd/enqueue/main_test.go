@@ -200,6 +200,21 @@ func TestReport_quotesAndCutsTenants(t *testing.T) {
 	}
 }
 
+// TestReport_oneTask: one task is "1 task" (a trial saw "enqueued 1 tasks"), and none of
+// one "0 of 1 task".
+func TestReport_oneTask(t *testing.T) {
+	t.Parallel()
+	cfg := config{taskType: "api:call", tenants: []string{"x"}, perTenant: 1, queue: "default"}
+	for _, tc := range []struct {
+		enqueued int
+		want     string
+	}{{1, "enqueued 1 task of type api:call to queue default"}, {0, "enqueued 0 of 1 task of type api:call to queue default"}} {
+		if got := report(cfg, nil, map[string]*tally{"x": {enqueued: tc.enqueued}}); len(got) == 0 || got[0] != tc.want {
+			t.Errorf("%d enqueued: report %q, want first %q", tc.enqueued, got, tc.want)
+		}
+	}
+}
+
 // A report shows at most maxTenantLines tenants, and says how many it left out.
 func TestReport_capsTenantLines(t *testing.T) {
 	t.Parallel()
