@@ -72,7 +72,7 @@ type explainJSON struct {
 	// Allowed: it would run now. RunsAnyway: denied, but the rule is mode=shadow.
 	Allowed    bool `json:"allowed"`
 	RunsAnyway bool `json:"runs_anyway,omitempty"`
-	// Never: its cost exceeds a limit; the worker archives it.
+	// Never: its cost exceeds a limit, Quota's (Limit: its limit); the worker archives it.
 	Never bool `json:"never,omitempty"`
 	// Quota decided: the one that denies it, or, allowed, the one with the fewest slots
 	// left. Used is its slots used in its window ending at DecidedAt (after the task, if
@@ -151,6 +151,12 @@ func runExplain(e *env, args []string) int {
 	switch {
 	case errors.Is(err, throttle.ErrCostOverLimit):
 		j.Never = true
+		for _, q := range req.Quotas { // the first whose limit the cost exceeds, as Quota and Limit
+			if q.Limit.Events < max(req.Cost, 1) {
+				j.Quota, j.Limit = q.String(), q.Limit.Events
+				break
+			}
+		}
 		return printExplain(e, j)
 	case errors.Is(err, throttle.ErrInvalid): // sent nothing: -at outside 1970-2109, say
 		return e.fail(exitUsage, "explain: %v", err)
@@ -229,7 +235,7 @@ func printExplain(e *env, j explainJSON) int {
 		fmt.Fprintln(w, "would run now: the task type has no rule (not throttled)")
 		return exitOK
 	case j.Never:
-		fmt.Fprintf(w, "would never run: cost %d exceeds a limit of its rule; the worker archives it\n", j.Cost)
+		fmt.Fprintf(w, "would never run: cost %d exceeds the limit of %s; the worker archives it\n", j.Cost, j.Quota)
 	case j.Allowed:
 		fmt.Fprintf(w, "would run now\n  tightest quota: %s, %d of %d used after it\n", j.Quota, j.Used, j.Limit)
 	default:

@@ -154,9 +154,9 @@ explain decided on a scratch copy of the keys: it consumed nothing
 	want.RetryAfterMS, want.RetryAt, want.Reserved, want.WaitingAhead = 17000, ptr(at(20*time.Second)), true, 2
 	explain(want, "-type", "ex:call", "-tenant", "acme", "-at", rfc(at(3*time.Second)))
 
-	// Cost 3 can never fit 2/10s.
+	// Cost 3 can never fit 2/10s, the quota named.
 	want = explainJSON{TaskType: "ex:call", Tenant: "acme", Cost: 3, At: at(3 * time.Second), Throttled: true, Rule: "ex:call tenant=2/10s",
-		Mode: "enforce", RuleFrom: "default rule", QuotasFrom: "default rule", Weight: 1, Never: true}
+		Mode: "enforce", RuleFrom: "default rule", QuotasFrom: "default rule", Weight: 1, Never: true, Quota: "tenant=2/10s", Limit: 2}
 	explain(want, "-type", "ex:call", "-tenant", "acme", "-cost", "3", "-at", rfc(at(3*time.Second)))
 
 	// Paused until 30s: denied by the pause, whatever the window says.
