@@ -307,6 +307,10 @@ func ParseQuotas(s string) ([]throttle.Quota, error) {
 	var qs []throttle.Quota
 	for _, f := range strings.Fields(s) {
 		scope, limit, ok := strings.Cut(f, "=")
+		if !ok && strings.Contains(f, ":") { // "api:call tenant=5/1s": a rule's task type
+			return nil, fmt.Errorf("producer: quotas %q: %q: want scope=events/window; quotas name no task type "+
+				"(the enqueuer applies them to the task type they are given for), e.g. tenant=10000/24h", s, f)
+		}
 		if !ok || scope == "" || limit == "" { // "tenant = 5/1s" splits into three fields
 			return nil, fmt.Errorf("producer: quotas %q: %q: want scope=events/window, with no space around '=', e.g. tenant=10000/24h", s, f)
 		}

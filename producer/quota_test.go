@@ -569,6 +569,8 @@ func TestParseQuotas(t *testing.T) {
 		{in: "", wantErr: `producer: quotas "": no quota; want e.g. tenant=10000/24h`},
 		{in: "10000/24h", wantErr: `producer: quotas "10000/24h": "10000/24h": want scope=events/window, with no space around '=', e.g. tenant=10000/24h`},
 		{in: "tenant = 5/1s", wantErr: `producer: quotas "tenant = 5/1s": "tenant": want scope=events/window, with no space around '=', e.g. tenant=10000/24h`},
+		{in: "api:call tenant=5/1s", wantErr: `producer: quotas "api:call tenant=5/1s": "api:call": want scope=events/window; quotas name no task type ` +
+			`(the enqueuer applies them to the task type they are given for), e.g. tenant=10000/24h`},
 		{in: "org=5/1s", wantErr: `producer: quotas "org=5/1s": "org=5/1s": unknown scope "org"; want tenant or type`},
 		{in: "tenant=5/1d", wantErr: `producer: quotas "tenant=5/1d": "tenant=5/1d": throttle: limit "5/1d": window "1d" is not a Go duration such as 2s, 1m or 1h`},
 		{in: "tenant=0/1h", wantErr: `producer: quotas "tenant=0/1h": "tenant=0/1h": throttle: limit "0/1h": events must be at least 1, got 0`},

@@ -343,6 +343,9 @@ func parseQuota(s string) (throttle.Quota, error) {
 		q.Scope = throttle.ScopeTenant
 	case "type":
 		q.Scope = throttle.ScopeType
+	case "weight": // valid in tenant limits (ParseTenantLimits), where a trial wrote it into a rule
+		return throttle.Quota{}, fmt.Errorf("quota %q: unknown scope %q; want tenant or type (weight= belongs to a tier's "+
+			"or a tenant's limits, as in throttle limits set tier pro 'tenant=50/1s weight=3', not to a rule)", s, scope)
 	default:
 		return throttle.Quota{}, fmt.Errorf("quota %q: unknown scope %q; want tenant or type", s, scope)
 	}

@@ -63,6 +63,7 @@ func TestParseRules_errorsNameTheRule(t *testing.T) {
 		{in: "tenant=5/2s", want: []string{`rule 1 "tenant=5/2s"`, "want a task type first"}},
 		{in: "api:call tenant", want: []string{`quota "tenant"`, "scope=events/window"}},
 		{in: "api:call user=5/2s", want: []string{`quota "user=5/2s"`, `unknown scope "user"`}},
+		{in: "api:call weight=3 tenant=1/1s", want: []string{`quota "weight=3"`, `unknown scope "weight"`, `weight= belongs to a tier's or a tenant's limits`}},
 		// Spaces around '=' split a quota: each piece says how to write it (trial 4 got
 		// `unknown scope ""` for "=").
 		{in: "api:call =5/2s", want: []string{`"api:call =5/2s": write name=value with no space around '='`}},
