@@ -48,6 +48,10 @@ type options struct {
 	Keep        bool
 }
 
+// maxTasks bounds -n times the tenants: the demo keeps every task's admission in
+// memory, as the embedded Redis keeps the tasks.
+const maxTasks = 1_000_000
+
 func main() {
 	// go-redis logs each failed dial on stderr; the demo reports the failure itself.
 	redisenv.QuietLogs()
@@ -110,7 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&tenants, "tenants", "acme,globex,initech", "comma-separated tenants to enqueue tasks for")
-	fs.IntVar(&o.PerTenant, "n", 100, "tasks per tenant, enqueued interleaved")
+	fs.IntVar(&o.PerTenant, "n", 100, "tasks per tenant, enqueued interleaved (at most 1000000 in all)")
 	fs.IntVar(&o.APILimit, "api-limit", 10, "requests the fake API accepts per tenant per -api-window")
 	fs.DurationVar(&o.APIWindow, "api-window", time.Second, "the fake API's sliding window")
 	fs.DurationVar(&o.Margin, "margin", 200*time.Millisecond, "widen the worker's window by this much over -api-window, for network jitter")
@@ -146,6 +150,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	switch {
 	case o.PerTenant < 1:
 		return options{}, fmt.Errorf("-n %d: want at least 1 task per tenant", o.PerTenant)
+	case o.PerTenant > maxTasks/len(o.Tenants): // a typo of a few digits: hours of enqueueing, and the embedded Redis's memory
+		return options{}, fmt.Errorf("-n %d: %d tenants x %d tasks is more than the demo's %d tasks in all", o.PerTenant, len(o.Tenants), o.PerTenant, maxTasks)
 	case o.APILimit < 1:
 		return options{}, fmt.Errorf("-api-limit %d: want at least 1 request per window", o.APILimit)
 	case o.APIWindow < time.Millisecond || o.APIWindow%time.Millisecond != 0:

@@ -20,6 +20,7 @@ func TestRealMain_badFlags(t *testing.T) {
 	}{
 		{[]string{"-n", "0"}, "-n 0:"},
 		{[]string{"-n", "x"}, `invalid value "x" for flag -n`},
+		{[]string{"-n", "333334"}, "-n 333334: 3 tenants x 333334 tasks is more than the demo's 1000000 tasks in all"},
 		{[]string{"-tenants", "acme,,globex"}, "-tenants"},
 		{[]string{"-tenants", "acme,acme"}, `-tenants "acme,acme": tenant "acme" given twice`},
 		{[]string{"-api-limit", "0"}, "-api-limit 0:"},
