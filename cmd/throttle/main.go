@@ -228,7 +228,8 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 
 // redisExit is the exit status for e.redis's error: exitUsage for a bad REDIS_* value
 // that Redis's answer showed (redisenv.IsBadValue: no such database, a list of
-// standalone servers, one node of a cluster), else exitRedis.
+// standalone servers, one node of a cluster, a REDIS_PASSWORD it refuses), else
+// exitRedis.
 func redisExit(err error) int {
 	if redisenv.IsBadValue(err) {
 		return exitUsage

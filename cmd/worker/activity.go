@@ -7,6 +7,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hibiken/asynq"
 
@@ -24,7 +25,8 @@ import (
 type activity struct {
 	mu       sync.Mutex
 	counts   map[throttle.Key]*tally
-	stopping atomic.Bool // the worker is shutting down (stop)
+	stopping atomic.Bool    // the worker is shutting down (stop)
+	running  sync.WaitGroup // runs whose handler has not returned (settle)
 }
 
 type tally struct {
@@ -35,8 +37,27 @@ type tally struct {
 func newActivity() *activity { return &activity{counts: map[throttle.Key]*tally{}} }
 
 // stop says the worker is shutting down: from now on a run whose handler returns
-// context.Canceled counts as requeued, not failed.
+// context.Canceled counts as requeued, not failed. (A task canceled by
+// Inspector.CancelProcessing meanwhile, which asynq retries as a failure, counts so too.)
 func (a *activity) stop() { a.stopping.Store(true) }
+
+// settle waits until every run's handler has returned, or for at most d, and reports
+// whether they all had. asynq's Shutdown puts a task still running at its timeout back in
+// its queue and cancels its context, but returns without waiting for its handler, which
+// counts the run as requeued only once it returns.
+func (a *activity) settle(d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		a.running.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
 
 // tally returns key's tally; a.mu must be held.
 func (a *activity) tally(key throttle.Key) *tally {
@@ -69,6 +90,8 @@ func (a *activity) decided(_ context.Context, _ *asynq.Task, key throttle.Key, d
 func (a *activity) handler(tenantHeader string, next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 		key := throttle.Key{TaskType: task.Type(), Tenant: task.Headers()[tenantHeader]}
+		a.running.Add(1)
+		defer a.running.Done()
 		a.mu.Lock()
 		a.tally(key).ran++
 		a.mu.Unlock()
@@ -97,7 +120,7 @@ func (a *activity) handler(tenantHeader string, next asynq.Handler) asynq.Handle
 // shutdown cut runs short. The tenant is always quoted (quote.Quote),
 // the task type only if it needs it (quote.Name), both cut to quote.MaxBytes (64) with
 // "...(N bytes)" after a cut one. If more than maxLines pairs had activity, only the maxLines busiest (most tasks ran, throttled and failed; ties by type
-// then tenant) get a line, and one more line sums up the rest:
+// then tenant; requeued counts too) get a line, and one more line sums up the rest:
 //
 //	... and 4980 more (task type, tenant) pairs: ran=4980 throttled=9960
 func (a *activity) take(maxLines int) []string {

@@ -163,6 +163,51 @@ func TestActivity_handlerRequeuedAtShutdown(t *testing.T) {
 	}
 }
 
+// TestActivity_settle: settle waits for the handlers still running (asynq's Shutdown
+// returns before the handlers it canceled do), and gives up after its bound.
+func TestActivity_settle(t *testing.T) {
+	t.Parallel()
+	a := newActivity()
+	release := make(chan struct{})
+	h := a.handler("tenant", asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		<-release
+		return ctx.Err()
+	}))
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	a.stop()
+	done := make(chan struct{})
+	go func() {
+		_ = h.ProcessTask(canceled, asynq.NewTaskWithHeaders("report:build", nil, map[string]string{"tenant": "acme"}))
+		close(done)
+	}()
+	for activityTotal(a) == 0 { // until the run has started
+		time.Sleep(time.Millisecond)
+	}
+	if a.settle(20 * time.Millisecond) {
+		t.Error("settle = true while a handler runs, want false after its bound")
+	}
+	close(release)
+	if !a.settle(5 * time.Second) {
+		t.Error("settle = false after the handler returned, want true")
+	}
+	<-done
+	if got, want := a.take(20), []string{`report:build tenant="acme" ran=1 throttled=0 requeued=1`}; !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// activityTotal is the tasks a counts since its last take.
+func activityTotal(a *activity) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, t := range a.counts {
+		n += t.total()
+	}
+	return n
+}
+
 func TestAsynqLogger_dropsRevokeWarnings(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer

@@ -57,8 +57,8 @@ import (
 func main() {
 	// go-redis logs each failed dial on stderr, dozens a second while Redis is down; the
 	// worker reports an unreachable Redis at start itself, and asynq's errors on stderr
-	// (at most one a few seconds) say when it goes away later.
-	redisenv.QuietLogs()
+	// say when it goes away later. go-redis's other lines (a Sentinel failover) stay.
+	redisenv.QuietDialLogs()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-ctx.Done()
@@ -210,7 +210,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case <-ctx.Done():
 			logger.Printf("shutting down: running tasks have up to WORKER_SHUTDOWN_TIMEOUT=%s to finish", cfg.ShutdownTimeout)
 			act.stop()
-			srv.Shutdown() // waits up to cfg.ShutdownTimeout, then requeues the tasks still running
+			srv.Shutdown()          // waits up to cfg.ShutdownTimeout, then requeues the tasks still running
+			act.settle(time.Second) // their handlers return after it: count them in the last lines
 			done = true
 		}
 		for _, line := range act.take(cfg.LogMaxLines) {

@@ -20,7 +20,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -228,9 +230,15 @@ const sentinelAskTimeout = time.Second
 //
 //	redisenv: REDIS_DB="99": the Redis at REDIS_ADDR="127.0.0.1:6379" has no database 99 (ERR DB index is out of range); ...
 //
-// which a command reports as a bad variable (exit status 2). Otherwise, without
-// MasterName, it returns go-redis's error (Redis unreachable, a timeout of ctx, a wrong
-// password). With MasterName set, go-redis says "all sentinels specified in configuration
+// which a command reports as a bad variable (exit status 2). So is a Redis that refuses
+// the credentials (NOAUTH: it requires a password and REDIS_PASSWORD is empty;
+// WRONGPASS: REDIS_PASSWORD is not its password), an ErrAuth error naming REDIS_PASSWORD,
+//
+//	redisenv: REDIS_PASSWORD: the Redis at REDIS_ADDR="127.0.0.1:6379" answered but refused the credentials (REDIS_PASSWORD is empty): NOAUTH ...
+//
+// (with MasterName, the master's refusal, found after go-redis asked the Sentinels in
+// REDIS_ADDR). Otherwise, without MasterName, it returns go-redis's error (Redis
+// unreachable, a timeout of ctx). With MasterName set, go-redis says "all sentinels specified in configuration
 // are unreachable" even when they answered but do not know the name, so Ping asks each
 // Sentinel in Addr for the master (SENTINEL GET-MASTER-ADDR-BY-NAME, within 1s each, even
 // if ctx has ended: go-redis keeps retrying an unreachable Sentinel for about half a
@@ -247,8 +255,12 @@ func (c Config) Ping(ctx context.Context, rdb redis.UniversalClient) error {
 		if c.Password != "" {
 			set = "set, but not the Redis's password"
 		}
-		return &pingError{kind: ErrAuth, err: err, msg: fmt.Sprintf("redisenv: REDIS_PASSWORD: the Redis at REDIS_ADDR=%q answered "+
-			"but refused the credentials (REDIS_PASSWORD is %s): %v", c.Addr, set, err)}
+		where := fmt.Sprintf("the Redis at REDIS_ADDR=%q", c.Addr)
+		if c.MasterName != "" {
+			where = fmt.Sprintf("the master of REDIS_MASTER_NAME=%q (Sentinels at REDIS_ADDR=%q)", c.MasterName, c.Addr)
+		}
+		return &pingError{kind: ErrAuth, err: err, msg: fmt.Sprintf("redisenv: REDIS_PASSWORD: %s answered "+
+			"but refused the credentials (REDIS_PASSWORD is %s): %v", where, set, err)}
 	}
 	if errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "ERR DB index is out of range") {
 		return &pingError{kind: ErrNoSuchDB, err: err, msg: fmt.Sprintf("redisenv: REDIS_DB=\"%d\": the Redis at REDIS_ADDR=%q has no database %d (%v); "+
@@ -317,3 +329,25 @@ func QuietLogs() { redis.SetLogger(quietLogger{}) }
 type quietLogger struct{}
 
 func (quietLogger) Printf(context.Context, string, ...any) {}
+
+// QuietDialLogs drops go-redis's log lines about failed dials, its pool's "failed to dial
+// after N attempts" (one a dial: dozens a second while Redis is down), for the whole
+// process, and writes its others to stderr as go-redis does, prefixed "redis: ": a
+// Sentinel's failover ("sentinel: new master=..."), a pool hook's errors. It is for a
+// long-running command (cmd/worker) that reports an unreachable Redis itself and whose
+// other logs (asynq's errors) say when Redis goes away later.
+func QuietDialLogs() { redis.SetLogger(dialFilter{log.New(os.Stderr, "redis: ", log.LstdFlags)}) }
+
+// dialFilter is QuietDialLogs's go-redis logger: l gets every line but the dial failures.
+type dialFilter struct{ l *log.Logger }
+
+// dialFailure starts the format of go-redis's log line for a failed dial (v9.23,
+// internal/pool: "redis: connection pool: failed to dial after %d attempts: %v").
+const dialFailure = "redis: connection pool: failed to dial"
+
+func (f dialFilter) Printf(_ context.Context, format string, v ...any) {
+	if strings.HasPrefix(format, dialFailure) {
+		return
+	}
+	f.l.Printf(format, v...)
+}
