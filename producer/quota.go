@@ -307,7 +307,7 @@ func ParseQuotas(s string) ([]throttle.Quota, error) {
 	var qs []throttle.Quota
 	for _, f := range strings.Fields(s) {
 		scope, limit, ok := strings.Cut(f, "=")
-		if !ok && strings.Contains(f, ":") { // "api:call tenant=5/1s": a rule's task type
+		if !ok && strings.Contains(f, ":") && !strings.Contains(f, "/") { // "api:call tenant=5/1s": a rule's task type, not "tenant:5/1s"
 			return nil, fmt.Errorf("producer: quotas %q: %q: want scope=events/window; quotas name no task type "+
 				"(the enqueuer applies them to the task type they are given for), e.g. tenant=10000/24h", s, f)
 		}

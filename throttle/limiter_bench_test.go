@@ -111,7 +111,7 @@ type benchEnv struct {
 	seed     *redis.Script
 	seedAP   redis.Scripter         // e.rdb's AutoPipeliner, for row (s')
 	plainQ   *redis.Script          // testdata/plain_quotas.lua: row (c0)
-	plainR   *redis.Script          // testdata/plain_reserve.lua: row (d0)
+	plainR   *redis.Script          // testdata/plain_reserve.lua: rows (d0) and (e0)
 	header   []string               // lines above the table: the setup
 	rows     map[string]*benchRow   // by case name: the last run of each
 	rounds   map[string][]*benchRow // by case name: every run of it, in order (-bench.rounds)
@@ -794,9 +794,8 @@ func (e *benchEnv) preparePlain(b *testing.B, name string, limit, backlog int) b
 			reserved++
 		}
 	}
-	prefix := "t-"
 	return func(ctx context.Context, i int64) (benchResult, error) {
-		allowed, err := call(ctx, prefix+strconv.FormatInt(i, 10))
+		allowed, err := call(ctx, "t-"+strconv.FormatInt(i, 10))
 		if err != nil || allowed == 1 {
 			return benchAdmitted, err
 		}
@@ -977,9 +976,9 @@ func benchAllReserved(o benchOutcomes) error {
 // newest entry's instant plus the window, or its newest entry's if later, not the
 // earliest instant with room, so that it can leave a window with room that the real
 // clock then reaches (in (d0) 18-46 admissions in runs of 35,000-81,000 calls, in (e0)
-// 102 in 57,836).
+// 102 in 57,836). The plain script denies nothing without a reservation.
 func benchMostlyReserved(o benchOutcomes) error {
-	if o.denied > 0 || o.admitted*100 > o.calls {
+	if o.admitted*100 > o.calls {
 		return fmt.Errorf("%d of %d calls reserved, want all but at most one in 100 admitted (%d admitted, %d denied without a reservation)", o.reserved, o.calls, o.admitted, o.denied)
 	}
 	return nil

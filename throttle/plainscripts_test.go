@@ -11,8 +11,8 @@ import (
 	"github.com/asynq-throttle/asynq-throttle/internal/redistest"
 )
 
-// The plain scripts of the benchmark's rows (c0) and (d0): fixtures, not product code,
-// checked here so that the yardsticks the README quotes decide what they say they do.
+// The plain scripts of the benchmark's rows (c0), (d0) and (e0): fixtures, not product
+// code, checked here so that the yardsticks the README quotes decide what they say they do.
 
 //go:embed testdata/plain_quotas.lua
 var plainQuotasSrc string
@@ -25,8 +25,10 @@ var plainReserveSrc string
 // its 1 s quota (the second) has no room; tenant b at 1002 is admitted (the type key then
 // holds 3); tenant c at 1003 is denied by the type quota (the third); tenant a at 2001
 // (its 1000 has left the 1 s window, the type's too) is admitted, and at 2002 its 1 h
-// quota (the first) is full. The keys then hold a's 1000, 1001 and 2001, and the type's
-// 1002 and 2001 (the call at 2001 trimmed the type key's 1000 and 1001 by its 1 s window).
+// quota (the first) is full. Tenant e at 5000 and 5500 is admitted, and at 6000 too: its
+// 1 s window (5000, 6000] leaves 5000 out. The keys then hold a's 1000, 1001 and 2001,
+// e's three, and the type's 5500 and 6000 (each call trims the type key by its 1 s window:
+// 5000 goes at 6000), with TTLs of the key's longest window.
 func TestPlainQuotas_decides(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Start(t)
@@ -53,16 +55,24 @@ func TestPlainQuotas_decides(t *testing.T) {
 		{"c", 1003, []int64{0, 3}},
 		{"a", 2001, []int64{1}},
 		{"a", 2002, []int64{0, 1}},
+		{"e", 5000, []int64{1}},
+		{"e", 5500, []int64{1}},
+		{"e", 6000, []int64{1}},
 	}
 	for i, s := range steps {
 		if got := call(s.tenant, s.now, "m"+string(rune('0'+i))); !slices.Equal(got, s.want) {
 			t.Errorf("step %d: %s at %d: %v, want %v", i, s.tenant, s.now, got, s.want)
 		}
 	}
-	for key, want := range map[string][]string{"plain:a": {"m0", "m1", "m5"}, "plain:type": {"m3", "m5"}} {
+	for key, want := range map[string][]string{"plain:a": {"m0", "m1", "m5"}, "plain:e": {"m7", "m8", "m9"}, "plain:type": {"m8", "m9"}} {
 		got, err := rdb.ZRange(ctx, key, 0, -1).Result()
 		if err != nil || !slices.Equal(got, want) {
 			t.Errorf("%s holds %v (%v), want %v", key, got, err, want)
+		}
+	}
+	for key, want := range map[string]int64{"plain:e": 3600000, "plain:type": 1000} {
+		if ttl, err := rdb.PTTL(ctx, key).Result(); err != nil || ttl.Milliseconds() > want || ttl.Milliseconds() < want-100 {
+			t.Errorf("%s: PTTL %v (%v), want at most %d ms and more than %d", key, ttl, err, want, want-100)
 		}
 	}
 }
@@ -119,5 +129,43 @@ func TestPlainReserve_reserves(t *testing.T) {
 		if ttl, err := rdb.PTTL(ctx, k).Result(); err != nil || ttl.Milliseconds() <= 2900 || ttl.Milliseconds() > 2996 {
 			t.Errorf("%s: PTTL %v (%v), want at most 2996 ms and more than 2900", k, ttl, err)
 		}
+	}
+}
+
+// TestPlainReserve_seededLog: on logs written directly, limit 2/1s. With @a at 1000, @b at
+// 1001 and @c at 5000, x at 1002 reserves 5000, the newest entry's instant (later than
+// b's 1001 + 1000). With @o at 500 and @r at 9000 alone, y at 1500 trims o (at
+// 1500 - 1000, out of the window) and is admitted, the key's TTL outlasting r: 9000 - 1500
+// + 1000 ms.
+func TestPlainReserve_seededLog(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Start(t)
+	ctx := context.Background()
+	script := redis.NewScript(plainReserveSrc)
+	run := func(log string, now int64, token string) []int64 {
+		t.Helper()
+		got, err := script.Run(ctx, rdb, []string{log, log + ":pending", log + ":leases"}, now, 1000, 2, token).Int64Slice()
+		if err != nil {
+			t.Fatalf("%s at %d: %v", token, now, err)
+		}
+		return got
+	}
+	if err := rdb.ZAdd(ctx, "full", redis.Z{Score: 1000, Member: "@a"}, redis.Z{Score: 1001, Member: "@b"}, redis.Z{Score: 5000, Member: "@c"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := run("full", 1002, "x"); !slices.Equal(got, []int64{0, 5000}) {
+		t.Errorf("x at 1002: %v, want [0 5000]", got)
+	}
+	if err := rdb.ZAdd(ctx, "gap", redis.Z{Score: 500, Member: "@o"}, redis.Z{Score: 9000, Member: "@r"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := run("gap", 1500, "y"); !slices.Equal(got, []int64{1, 0}) {
+		t.Errorf("y at 1500: %v, want [1 0]", got)
+	}
+	if got, err := rdb.ZRange(ctx, "gap", 0, -1).Result(); err != nil || !slices.Equal(got, []string{"@y", "@r"}) {
+		t.Errorf("the gap log holds %v (%v), want [@y @r]", got, err)
+	}
+	if ttl, err := rdb.PTTL(ctx, "gap").Result(); err != nil || ttl.Milliseconds() > 8500 || ttl.Milliseconds() <= 8400 {
+		t.Errorf("the gap log: PTTL %v (%v), want at most 8500 ms and more than 8400", ttl, err)
 	}
 }

@@ -151,7 +151,7 @@ func runExplain(e *env, args []string) int {
 	switch {
 	case errors.Is(err, throttle.ErrCostOverLimit):
 		j.Never = true
-		for _, q := range req.Quotas { // the first whose limit the cost exceeds, as Quota and Limit
+		for _, q := range req.Quotas { // the first whose limit the cost exceeds (the Limiter's own check), as Quota and Limit
 			if q.Limit.Events < max(req.Cost, 1) {
 				j.Quota, j.Limit = q.String(), q.Limit.Events
 				break

@@ -194,7 +194,7 @@ func (q *Queues) Decode(s string) error {
 		if strings.TrimSpace(item) == "" {
 			continue
 		}
-		i := strings.LastIndex(item, ":")
+		i := strings.LastIndexByte(item, ':')
 		ok := i >= 0
 		name, prio := item, ""
 		if ok {

@@ -217,9 +217,13 @@ func main() {
 	plainCall := func(i int) {
 		t := tenants[i%10000]
 		now := clock.Load()
-		if err := plainQuotas.Run(ctx, rdb, []string{"plain:3q:" + t, "plain:3q:type"}, now, throttle.NewMember(),
-			1e9, 3600000, 1, 1e9, 1000, 1, 1e9, 1000, 2).Err(); err != nil {
+		r, err := plainQuotas.Run(ctx, rdb, []string{"plain:3q:" + t, "plain:3q:type"}, now, throttle.NewMember(),
+			1e9, 3600000, 1, 1e9, 1000, 1, 1e9, 1000, 2).Int64Slice()
+		if err != nil {
 			fatalf("%v", err)
+		}
+		if len(r) != 1 || r[0] != 1 {
+			fatalf("case plain_c: reply %v, want [1]: a wrong outcome", r)
 		}
 	}
 	run("plain_c", func() {
