@@ -17,8 +17,10 @@ import (
 
 // activity counts, per (task type, tenant), what happened since the last take: tasks
 // that ran (whose handler started: admitted by the limiter, once any wait for a slot a
-// little ahead is over, or of a type no rule throttles), tasks throttled (denials), runs
-// whose handler failed, and runs cut short by the worker's shutdown (requeued: asynq puts
+// little ahead is over, or of a type no rule throttles), tasks throttled (denials), tasks
+// the middleware archived without running them (outer: a cost that can never fit or
+// cannot be read, overdue=archive), runs whose handler failed, and runs cut short by the
+// worker's shutdown (requeued: asynq puts
 // a task still running at WORKER_SHUTDOWN_TIMEOUT back in its queue, no failure counted,
 // and cancels its context, so that its handler returns context.Canceled). It is safe for
 // concurrent use.
@@ -30,8 +32,8 @@ type activity struct {
 }
 
 type tally struct {
-	ran, throttled, failed, requeued int
-	lastErr                          string // the latest failed run's error
+	ran, throttled, archived, failed, requeued int
+	lastErr                                    string // the latest failed run's error
 }
 
 func newActivity() *activity { return &activity{counts: map[throttle.Key]*tally{}} }
@@ -57,6 +59,27 @@ func (a *activity) settle(d time.Duration) bool {
 	case <-time.After(d):
 		return false
 	}
+}
+
+// startedKey is the context key under which outer leaves a flag that handler sets: the
+// task's handler started.
+type startedKey struct{}
+
+// outer wraps the middleware (mw, whose handler is a.handler's): a task it ends with
+// asynq.SkipRetry without starting the handler was archived by the middleware (a cost
+// that can never fit or cannot be read, overdue=archive), which no decision and no run
+// counts. A handler's own SkipRetry is a failed run, counted by handler.
+func (a *activity) outer(tenantHeader string, mw asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		started := new(atomic.Bool)
+		err := mw.ProcessTask(context.WithValue(ctx, startedKey{}, started), task)
+		if err != nil && errors.Is(err, asynq.SkipRetry) && !started.Load() {
+			a.mu.Lock()
+			a.tally(throttle.Key{TaskType: task.Type(), Tenant: task.Headers()[tenantHeader]}).archived++
+			a.mu.Unlock()
+		}
+		return err
+	})
 }
 
 // tally returns key's tally; a.mu must be held.
@@ -92,6 +115,9 @@ func (a *activity) handler(tenantHeader string, next asynq.Handler) asynq.Handle
 		key := throttle.Key{TaskType: task.Type(), Tenant: task.Headers()[tenantHeader]}
 		a.running.Add(1)
 		defer a.running.Done()
+		if started, ok := ctx.Value(startedKey{}).(*atomic.Bool); ok {
+			started.Store(true)
+		}
 		a.mu.Lock()
 		a.tally(key).ran++
 		a.mu.Unlock()
@@ -116,11 +142,13 @@ func (a *activity) handler(tenantHeader string, next asynq.Handler) asynq.Handle
 //
 //	api:call tenant="acme" ran=5 throttled=12
 //
-// with " failed=N last_error=..." appended when a run failed and " requeued=N" when the
-// shutdown cut runs short. The tenant is always quoted (quote.Quote),
-// the task type only if it needs it (quote.Name), both cut to quote.MaxBytes (64) with
-// "...(N bytes)" after a cut one. If more than maxLines pairs had activity, only the maxLines busiest (most tasks ran, throttled and failed; ties by type
-// then tenant; requeued counts too) get a line, and one more line sums up the rest:
+// with " archived=N" appended when the middleware archived tasks, " failed=N" when runs
+// failed, " requeued=N" when the shutdown cut runs short, and last_error="..." after a
+// failure (tally.String). The tenant is always quoted (quote.Quote), the task type only if
+// it needs it (quote.Name), both cut to quote.MaxBytes (64) with "...(N bytes)" after a
+// cut one. If more than maxLines pairs had activity, only the maxLines busiest (most tasks
+// counted, tally.total; ties by type then tenant) get a line, and one more line sums up
+// the rest:
 //
 //	... and 4980 more (task type, tenant) pairs: ran=4980 throttled=9960
 func (a *activity) take(maxLines int) []string {
@@ -149,7 +177,8 @@ func (a *activity) take(maxLines int) []string {
 		})
 		for _, k := range keys[maxLines:] {
 			t := counts[k]
-			rest.ran, rest.throttled, rest.failed, rest.requeued = rest.ran+t.ran, rest.throttled+t.throttled, rest.failed+t.failed, rest.requeued+t.requeued
+			rest.ran, rest.throttled, rest.archived = rest.ran+t.ran, rest.throttled+t.throttled, rest.archived+t.archived
+			rest.failed, rest.requeued = rest.failed+t.failed, rest.requeued+t.requeued
 		}
 		keys = keys[:maxLines:maxLines]
 	}
@@ -165,14 +194,17 @@ func (a *activity) take(maxLines int) []string {
 }
 
 // total is every task t counts.
-func (t *tally) total() int { return t.ran + t.throttled + t.failed + t.requeued }
+func (t *tally) total() int { return t.ran + t.throttled + t.archived + t.failed + t.requeued }
 
-// String is "ran=R throttled=T", with " failed=F" when F > 0 and " requeued=Q" when Q >
-// 0, and then, for one (task type, tenant), the latest failure's error: `
-// last_error="..."` (quoted, and cut to quote.MaxErrorBytes, 256), so that a failing
-// handler shows why in the log.
+// String is "ran=R throttled=T", with " archived=A" when A > 0, " failed=F" when F > 0
+// and " requeued=Q" when Q > 0, and then, for one (task type, tenant), the latest
+// failure's error: ` last_error="..."` (quoted, and cut to quote.MaxErrorBytes, 256), so
+// that a failing handler shows why in the log.
 func (t *tally) String() string {
 	s := fmt.Sprintf("ran=%d throttled=%d", t.ran, t.throttled)
+	if t.archived > 0 {
+		s += fmt.Sprintf(" archived=%d", t.archived)
+	}
 	if t.failed > 0 {
 		s += fmt.Sprintf(" failed=%d", t.failed)
 	}

@@ -197,6 +197,35 @@ func TestActivity_settle(t *testing.T) {
 	}
 }
 
+// TestActivity_outerArchived: a task the middleware ends with asynq.SkipRetry without
+// starting its handler (a cost that can never fit, overdue=archive) counts as archived;
+// a handler's own SkipRetry is a failed run; a task the middleware re-queues (another
+// error, its handler not started) counts as neither (its denial is counted by decided).
+func TestActivity_outerArchived(t *testing.T) {
+	t.Parallel()
+	a := newActivity()
+	inner := a.handler("tenant", asynq.HandlerFunc(func(context.Context, *asynq.Task) error {
+		return fmt.Errorf("handler: bad input: %w", asynq.SkipRetry)
+	}))
+	mw := asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		switch string(task.Payload()) {
+		case "reject":
+			return fmt.Errorf("worker: rule %q: cost 9 exceeds a limit: %w", "x", asynq.SkipRetry)
+		case "requeue":
+			return errors.New("worker: throttled")
+		}
+		return inner.ProcessTask(ctx, task)
+	})
+	h := a.outer("tenant", mw)
+	for _, p := range []string{"reject", "reject", "requeue", "run"} {
+		_ = h.ProcessTask(context.Background(), asynq.NewTaskWithHeaders("report:build", []byte(p), map[string]string{"tenant": "acme"}))
+	}
+	want := []string{`report:build tenant="acme" ran=1 throttled=0 archived=2 failed=1 last_error="handler: bad input: skip retry for the task"`}
+	if got := a.take(20); !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
 // activityTotal is the tasks a counts since its last take.
 func activityTotal(a *activity) int {
 	a.mu.Lock()

@@ -198,7 +198,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 	// srv.Run would wait for SIGINT/SIGTERM itself; main turns those into ctx instead, so
 	// that tests can stop the worker too.
-	if err := srv.Start(mw(act.handler(cfg.TenantHeader, h))); err != nil {
+	if err := srv.Start(act.outer(cfg.TenantHeader, mw(act.handler(cfg.TenantHeader, h)))); err != nil {
 		fmt.Fprintf(stderr, "worker: start asynq server: %v\n", err)
 		return exitError
 	}

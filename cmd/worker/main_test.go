@@ -165,6 +165,33 @@ func TestRun_redisDBOutOfRangeExits2(t *testing.T) {
 // activityLine matches a per-interval line of the worker's log.
 var activityLine = regexp.MustCompile(`^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d (\S+) tenant="(\S+)" ran=(\d+) throttled=(\d+)( failed=\d+ last_error=".*"(\.\.\.\(\d+ bytes\))?)?$`)
 
+// TestRun_archivedCounted: a task whose cost header cannot be read is archived by the
+// middleware without running, and the worker's line says so: ran=0 throttled=0
+// archived=1 (a trial found such tasks in no line at all).
+func TestRun_archivedCounted(t *testing.T) {
+	redisSrv := redistest.StartServer(t)
+	clearEnv(t, "REDIS_ADDR", redisSrv.Addr, "THROTTLE_RULES", "api:call tenant=5/1s cost=header:tokens")
+	rdb := redisSrv.Client()
+	w := startWorker(t)
+	task := asynq.NewTaskWithHeaders("api:call", []byte("{}"), map[string]string{producer.TenantHeader: "acme", "tokens": "abc"})
+	if _, err := asynq.NewClientFromRedisClient(rdb).Enqueue(task); err != nil {
+		t.Fatal(err)
+	}
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if qi, err := insp.GetQueueInfo("default"); err == nil && qi.Archived == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30s the task is not archived\nstdout:\n%s\nstderr:\n%s", w.stdout.String(), w.stderr.String())
+		}
+	}
+	w.stop(t, 15*time.Second)
+	if want := ` api:call tenant="acme" ran=0 throttled=0 archived=1` + "\n"; !strings.Contains(w.stdout.String(), want) {
+		t.Errorf("stdout lacks %q:\n%s", want, w.stdout.String())
+	}
+}
+
 // TestRun_endToEnd runs the worker against a throwaway redis-server with
 // "api:call tenant=5/1s" and 3 tenants x 20 tasks: all 60 complete, none is archived or
 // left behind, and the worker's lines count exactly 20 runs per tenant and some throttling.
