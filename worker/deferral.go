@@ -47,7 +47,7 @@ func (m *middleware) deferTask(ctx context.Context, task *asynq.Task, cause erro
 		return fmt.Errorf("%w; deferred as task %s, already enqueued: %w", cause, copyID, asynq.RevokeTask)
 	}
 	headers[HeaderDeferrals] = strconv.Itoa(n)
-	due := ceilSecond(retryAt)
+	due := copyDue(retryAt, time.Now())
 	opts := []asynq.Option{
 		asynq.Queue(queue),
 		asynq.TaskID(copyID),
@@ -170,6 +170,28 @@ func copyName(task *asynq.Task, id string) (string, int) {
 // ceilSecond rounds t up to a whole second: asynq stores retry and scheduled times as
 // whole Unix seconds, truncated, so a task due at t must be scheduled at ceilSecond(t) or
 // it may run up to 1s early.
+// copyDue is when a copy replacing a task re-queued for retryAt is due, at now:
+// retryAt rounded up to a whole second (asynq keeps a scheduled task's instant in whole
+// seconds, rounded down, so the copy would otherwise come back before retryAt), or, if
+// that is not after now (a task re-queued at once: no waiting slot free, or woken for a
+// slot already near), copyDueMargin after now. asynq's client enqueues a task due at or
+// before its own clock as pending, to be dequeued again within milliseconds (a trial saw
+// 2,000 deferrals a second of 60 tasks waiting), but schedules one due after it, which its
+// forwarder moves at its next tick: about a forwarder interval later, as the retry of a
+// task with retries left (RetryDelayFunc) comes back.
+func copyDue(retryAt, now time.Time) time.Time {
+	if due := ceilSecond(retryAt); due.After(now) {
+		return due
+	}
+	return now.Add(copyDueMargin)
+}
+
+// copyDueMargin is how far after now copyDue sets a copy that is due already: enough
+// that asynq's client, reading its clock a little later, still finds it ahead (else it
+// is pending at once, the loop copyDue avoids), and at most that much later than a
+// forwarder tick would have moved it.
+const copyDueMargin = 100 * time.Millisecond
+
 func ceilSecond(t time.Time) time.Time {
 	if s := t.Truncate(time.Second); !s.Equal(t) {
 		return s.Add(time.Second)
