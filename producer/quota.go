@@ -268,8 +268,8 @@ var ErrQuotaExceeded = errors.New("producer: enqueue quota exceeded")
 // for a ScopeType quota) is over an enqueue quota. Read it with errors.As; a web handler
 // answers 429 with the header Retry-After: RetryAfterSeconds().
 type QuotaError struct {
-	TaskType string
-	Tenant   string
+	TaskType string         // the refused task's type
+	Tenant   string         // and its tenant (its TenantHeader's value)
 	Quota    throttle.Quota // the quota with no room that holds it back longest (throttle.Decision.Quota)
 	// RetryAfter is how long after the check, at least 1ms, every quota of the task will
 	// have room again if nothing else is enqueued meanwhile: for a full ScopeTenant quota

@@ -89,9 +89,11 @@ var ErrDenied = errors.New("throttle: denied")
 // DeniedError reports that an event for Key did not fit Quota and may be retried at
 // RetryAt. Package worker returns it from a throttled handler; read it with errors.As.
 type DeniedError struct {
-	Key        Key
-	Quota      Quota
-	RetryAfter time.Duration // wait from the decision until every quota has room, >= 1ms
+	Key   Key   // the event's task type and tenant
+	Quota Quota // the quota that denied it (Decision.Quota)
+	// RetryAfter is Decision.RetryAfter, at least 1ms: the wait from the decision until
+	// its reservation's instant if it holds one, else until every quota would have room.
+	RetryAfter time.Duration
 	// RetryAt is when to come back, on the caller's clock: its time after the decision
 	// plus RetryAfter, or earlier for a task that holds a reservation (package worker
 	// wakes it WakeLead early, to wait the rest in its handler).

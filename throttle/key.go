@@ -44,8 +44,8 @@ func (s Scope) String() string {
 // Quota is one Limit applied at one Scope: "5 per 2s for each tenant" is
 // Quota{ScopeTenant, Limit{5, 2 * time.Second}}.
 type Quota struct {
-	Scope Scope
-	Limit Limit
+	Scope Scope // whose events the quota counts: each tenant's (ScopeTenant) or the task type's (ScopeType)
+	Limit Limit // how many events (cost units) per window
 }
 
 // String formats q as THROTTLE_RULES writes it: "tenant=5/2s".

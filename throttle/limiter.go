@@ -230,11 +230,24 @@ type Limiter struct {
 }
 
 // New returns a Limiter that keeps its window logs in rdb: a single node, a Sentinel
-// failover client or a Redis Cluster client. It returns an error if cfg.Prefix contains
+// failover client or a Redis Cluster client. It returns an error if rdb is nil (a nil
+// interface, or a nil *redis.Client or *redis.ClusterClient in it), cfg.Prefix contains
 // '{' or '}', cfg.Clock is unknown, cfg.AutoPipeline is set for a client that has no
 // autopipeliner, cfg.MinReplicas is negative, or cfg.ReplicaTimeout is negative, under 1ms
 // (when set) or not shorter than the client's ReadTimeout.
 func New(rdb redis.UniversalClient, cfg Config) (*Limiter, error) {
+	switch c := rdb.(type) {
+	case nil:
+		return nil, errors.New("throttle: New: nil Redis client")
+	case *redis.Client:
+		if c == nil {
+			return nil, errors.New("throttle: New: nil *redis.Client")
+		}
+	case *redis.ClusterClient:
+		if c == nil {
+			return nil, errors.New("throttle: New: nil *redis.ClusterClient")
+		}
+	}
 	if strings.ContainsAny(cfg.Prefix, "{}") {
 		return nil, fmt.Errorf("throttle: prefix %q must not contain '{' or '}': they would move the Redis Cluster hash tag", cfg.Prefix)
 	}

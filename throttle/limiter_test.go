@@ -581,6 +581,21 @@ func TestNew_config(t *testing.T) {
 			t.Errorf("New(%+v) = %v, %v; want an error", cfg, l, err)
 		}
 	}
+	// A nil client, bare or typed, is an error, not a panic at the first Allow.
+	var nilClient *redis.Client
+	var nilCluster *redis.ClusterClient
+	for _, c := range []struct {
+		rdb  redis.UniversalClient
+		want string
+	}{
+		{nil, "throttle: New: nil Redis client"},
+		{nilClient, "throttle: New: nil *redis.Client"},
+		{nilCluster, "throttle: New: nil *redis.ClusterClient"},
+	} {
+		if l, err := throttle.New(c.rdb, throttle.Config{}); err == nil || err.Error() != c.want || l != nil {
+			t.Errorf("New(%T nil) = %v, %v; want %q", c.rdb, l, err, c.want)
+		}
+	}
 	// AutoPipeline needs a client that has an autopipeliner.
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
 	t.Cleanup(func() { _ = ring.Close() })

@@ -58,7 +58,7 @@ type Config struct {
 	// only one task at a time keeps asking it so (the probe); the others whose decision
 	// needs the limiter are re-queued at once for UnavailableRetryDelay (or run, with
 	// FailOpen) without a call, so that the worker's slots stay free for tasks that need
-	// no limiter.
+	// no limiter. New returns an error if it is negative.
 	UnavailableWait time.Duration
 	// Concurrency is the asynq server's Config.Concurrency (the worker slots): at most
 	// Concurrency - 1 handlers then sit out a wait for a slot ahead (MaxWait, NewcomerWait)
@@ -85,7 +85,8 @@ type Config struct {
 	// writing nothing) and asks again one forwarder interval later. With
 	// Concurrency 10, "tenant=20/1s" and a backlog, reserved tasks so get their whole
 	// limit (TestWaitSlots_notHostage), against 45-50 % without either, at the cost of a
-	// few more limiter calls per task (each a claim ahead, denied).
+	// few more limiter calls per task (each a claim ahead, denied). New returns an error if
+	// it is negative.
 	Concurrency int
 	// NoReservations turns reservations off: a denied task is told to retry when the
 	// oldest entry it waits for leaves the window, the instant every task denied meanwhile
@@ -111,7 +112,8 @@ type Config struct {
 	// delivers it before the wake instant) it arrives before its instant and waits the
 	// rest in the handler. Defaults to DefaultWakeLead, which fits WrapConfig's forwarder
 	// interval; set it to 1s + your DelayedTaskCheckInterval + ~250ms, and MaxWait above
-	// it. Ignored with NoReservations.
+	// it (a task never waits longer than MaxWait: a larger WakeLead wakes it MaxWait
+	// early). Ignored with NoReservations. New returns an error if it is negative.
 	WakeLead time.Duration
 	// ClaimTimeout is how long after its reserved instant a task may still claim its
 	// reservation (throttle.Request.ClaimTimeout); later, the reservation lapses and stops
@@ -262,7 +264,8 @@ type middleware struct {
 // throttle.MinRedisVersion (7.0), whose script calls would fail.
 //
 // New returns an error if lim or cfg.Redis is nil, a rule is invalid (Rule.Validate), two
-// rules name one task type, or cfg.OverrideInterval is negative. With cfg.Overrides it
+// rules name one task type, or cfg.OverrideInterval, UnavailableWait, WakeLead,
+// Concurrency or ClaimTimeout is negative (MaxWait may be, with NoReservations). With cfg.Overrides it
 // reads them before it returns (see Config.Overrides).
 func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 	if lim == nil {
@@ -270,6 +273,17 @@ func New(lim *throttle.Limiter, cfg Config) (asynq.MiddlewareFunc, error) {
 	}
 	if cfg.Redis == nil {
 		return nil, errors.New("worker: Config.Redis is nil; it must be the client of asynq's Redis")
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"OverrideInterval", cfg.OverrideInterval}, {"UnavailableWait", cfg.UnavailableWait}, {"WakeLead", cfg.WakeLead}} {
+		if d.v < 0 {
+			return nil, fmt.Errorf("worker: %s %s < 0", d.name, d.v)
+		}
+	}
+	if cfg.Concurrency < 0 {
+		return nil, fmt.Errorf("worker: Concurrency %d < 0; want asynq's Config.Concurrency, or 0 for no bound on waiting slots", cfg.Concurrency)
 	}
 	m := &middleware{
 		lim:       lim,

@@ -239,11 +239,11 @@ func parseEntries(text string) ([]TenantLimits, error) {
 
 // Change is one change made by OverrideStore.Set or Delete.
 type Change struct {
-	Kind    OverrideKind `json:"kind"`
-	Name    string       `json:"name"`
-	Text    string       `json:"text,omitempty"` // as stored (normalized, e.g. "1000ms" as "1s"); "" for a deletion
-	Deleted bool         `json:"deleted,omitempty"`
-	Version int64        `json:"version"` // the overrides' version after the change
+	Kind    OverrideKind `json:"kind"`              // what was changed: a type's rule, a tier, a tenant's limits
+	Name    string       `json:"name"`              // the task type, tier or tenant changed
+	Text    string       `json:"text,omitempty"`    // as stored (normalized, e.g. "1000ms" as "1s"); "" for a deletion
+	Deleted bool         `json:"deleted,omitempty"` // Delete removed it
+	Version int64        `json:"version"`           // the overrides' version after the change
 }
 
 // Canonical returns the text that Set would store for kind and name: text parsed as the

@@ -481,4 +481,20 @@ func TestNewSweeper_invalid(t *testing.T) {
 			t.Errorf("New with ClaimTimeout -1s, SweepInterval %s: %v; want %q", sweep, err, want)
 		}
 	}
+	// So are the other negative durations and a negative Concurrency (a trial found them
+	// accepted silently, OverrideInterval's only with Overrides set, unlike its doc).
+	rules := mustRules(t, "a tenant=1/1s")
+	for _, c := range []struct {
+		cfg  worker.Config
+		want string
+	}{
+		{worker.Config{Rules: rules, Redis: rdb, OverrideInterval: -time.Second}, "worker: OverrideInterval -1s < 0"},
+		{worker.Config{Rules: rules, Redis: rdb, UnavailableWait: -time.Second}, "worker: UnavailableWait -1s < 0"},
+		{worker.Config{Rules: rules, Redis: rdb, WakeLead: -time.Second}, "worker: WakeLead -1s < 0"},
+		{worker.Config{Rules: rules, Redis: rdb, Concurrency: -5}, "worker: Concurrency -5 < 0; want asynq's Config.Concurrency, or 0 for no bound on waiting slots"},
+	} {
+		if _, err := worker.New(lim, c.cfg); err == nil || err.Error() != c.want {
+			t.Errorf("New: %v; want %q", err, c.want)
+		}
+	}
 }
