@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // fuzzKeyBytes are the bytes url.PathEscape leaves as they are, plus '%' that starts its
@@ -85,7 +87,9 @@ func FuzzRedisKey(f *testing.F) {
 	} {
 		f.Add(seed[0], seed[1], seed[2], seed[3])
 	}
-	l, err := New(nil, Config{})
+	keysOnly := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialed: keys alone
+	f.Cleanup(func() { _ = keysOnly.Close() })
+	l, err := New(keysOnly, Config{})
 	if err != nil {
 		f.Fatal(err)
 	}

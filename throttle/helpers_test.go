@@ -16,6 +16,14 @@ import (
 
 // Helpers shared by the limiter, reservation, key, cluster and stress tests.
 
+// keysOnlyClient is a client that never dials (no call is made through it): for a
+// Limiter whose keys alone a test reads (RedisKey). throttle.New refuses a nil one.
+func keysOnlyClient(tb testing.TB) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	tb.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
 func tenantQuota(events int, window time.Duration) throttle.Quota {
 	return throttle.Quota{Scope: throttle.ScopeTenant, Limit: throttle.Limit{Events: events, Window: window}}
 }

@@ -30,7 +30,7 @@ func TestHashTag(t *testing.T) { // the helper the key tests rely on
 
 func TestLimiter_RedisKey(t *testing.T) {
 	t.Parallel()
-	l, err := throttle.New(nil, throttle.Config{})
+	l, err := throttle.New(keysOnlyClient(t), throttle.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestLimiter_RedisKey(t *testing.T) {
 // state) are FuzzRedisKey's, which sees the functions that build them.
 func TestLimiter_RedisKey_hostile(t *testing.T) {
 	t.Parallel()
-	l, err := throttle.New(nil, throttle.Config{})
+	l, err := throttle.New(keysOnlyClient(t), throttle.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
