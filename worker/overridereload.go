@@ -32,10 +32,7 @@ func (m *middleware) startOverrides(cfg Config) error {
 	if cfg.Overrides == nil {
 		return nil
 	}
-	interval := cfg.OverrideInterval
-	if interval < 0 {
-		return fmt.Errorf("worker: OverrideInterval %s < 0", interval)
-	}
+	interval := cfg.OverrideInterval // New refused a negative one
 	if interval == 0 {
 		interval = DefaultOverrideInterval
 	}

@@ -73,13 +73,18 @@ func (a *activity) outer(tenantHeader string, mw asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 		started := new(atomic.Bool)
 		err := mw.ProcessTask(context.WithValue(ctx, startedKey{}, started), task)
-		if err != nil && errors.Is(err, asynq.SkipRetry) && !started.Load() {
+		if errors.Is(err, asynq.SkipRetry) && !started.Load() {
 			a.mu.Lock()
-			a.tally(throttle.Key{TaskType: task.Type(), Tenant: task.Headers()[tenantHeader]}).archived++
+			a.tally(keyOf(task, tenantHeader)).archived++
 			a.mu.Unlock()
 		}
 		return err
 	})
+}
+
+// keyOf is task's type and its tenant, the value of its header tenantHeader.
+func keyOf(task *asynq.Task, tenantHeader string) throttle.Key {
+	return throttle.Key{TaskType: task.Type(), Tenant: task.Headers()[tenantHeader]}
 }
 
 // tally returns key's tally; a.mu must be held.
@@ -112,7 +117,7 @@ func (a *activity) decided(_ context.Context, _ *asynq.Task, key throttle.Key, d
 // the shutdown cut short: requeued).
 func (a *activity) handler(tenantHeader string, next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
-		key := throttle.Key{TaskType: task.Type(), Tenant: task.Headers()[tenantHeader]}
+		key := keyOf(task, tenantHeader)
 		a.running.Add(1)
 		defer a.running.Done()
 		if started, ok := ctx.Value(startedKey{}).(*atomic.Bool); ok {

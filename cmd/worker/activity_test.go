@@ -116,13 +116,10 @@ func TestActivity_handler(t *testing.T) {
 		}
 		return nil
 	}))
-	task := func(payload string) *asynq.Task {
-		return asynq.NewTaskWithHeaders("report:build", []byte(payload), map[string]string{"tenant": "acme"})
-	}
 	ctx := context.Background()
-	_ = h.ProcessTask(ctx, task("ok"))
-	_ = h.ProcessTask(ctx, task("ok"))
-	if err := h.ProcessTask(ctx, task("fail")); !errors.Is(err, fail) {
+	_ = h.ProcessTask(ctx, acmeTask("ok"))
+	_ = h.ProcessTask(ctx, acmeTask("ok"))
+	if err := h.ProcessTask(ctx, acmeTask("fail")); !errors.Is(err, fail) {
 		t.Errorf("handler error = %v, want %v", err, fail)
 	}
 	want := []string{`report:build tenant="acme" ran=3 throttled=0 failed=1 last_error="boom"`}
@@ -147,16 +144,13 @@ func TestActivity_handlerRequeuedAtShutdown(t *testing.T) {
 		<-ctx.Done()
 		return ctx.Err()
 	}))
-	task := func(payload string) *asynq.Task {
-		return asynq.NewTaskWithHeaders("report:build", []byte(payload), map[string]string{"tenant": "acme"})
-	}
 	canceled, cancel := context.WithCancel(context.Background())
 	cancel()
-	_ = h.ProcessTask(canceled, task("wait")) // before stop: a failure
+	_ = h.ProcessTask(canceled, acmeTask("wait")) // before stop: a failure
 	a.stop()
-	_ = h.ProcessTask(canceled, task("wait"))
-	_ = h.ProcessTask(canceled, task("wait"))
-	_ = h.ProcessTask(context.Background(), task("fail"))
+	_ = h.ProcessTask(canceled, acmeTask("wait"))
+	_ = h.ProcessTask(canceled, acmeTask("wait"))
+	_ = h.ProcessTask(context.Background(), acmeTask("fail"))
 	want := []string{`report:build tenant="acme" ran=4 throttled=0 failed=2 requeued=2 last_error="boom"`}
 	if got := a.take(20); !reflect.DeepEqual(got, want) {
 		t.Errorf("got %q, want %q", got, want)
@@ -178,7 +172,7 @@ func TestActivity_settle(t *testing.T) {
 	a.stop()
 	done := make(chan struct{})
 	go func() {
-		_ = h.ProcessTask(canceled, asynq.NewTaskWithHeaders("report:build", nil, map[string]string{"tenant": "acme"}))
+		_ = h.ProcessTask(canceled, acmeTask(""))
 		close(done)
 	}()
 	for activityTotal(a) == 0 { // until the run has started
@@ -218,12 +212,17 @@ func TestActivity_outerArchived(t *testing.T) {
 	})
 	h := a.outer("tenant", mw)
 	for _, p := range []string{"reject", "reject", "requeue", "run"} {
-		_ = h.ProcessTask(context.Background(), asynq.NewTaskWithHeaders("report:build", []byte(p), map[string]string{"tenant": "acme"}))
+		_ = h.ProcessTask(context.Background(), acmeTask(p))
 	}
 	want := []string{`report:build tenant="acme" ran=1 throttled=0 archived=2 failed=1 last_error="handler: bad input: skip retry for the task"`}
 	if got := a.take(20); !reflect.DeepEqual(got, want) {
 		t.Errorf("got %q, want %q", got, want)
 	}
+}
+
+// acmeTask is a report:build task of tenant "acme" (header "tenant") with payload.
+func acmeTask(payload string) *asynq.Task {
+	return asynq.NewTaskWithHeaders("report:build", []byte(payload), map[string]string{"tenant": "acme"})
 }
 
 // activityTotal is the tasks a counts since its last take.

@@ -194,11 +194,9 @@ func (q *Queues) Decode(s string) error {
 		if strings.TrimSpace(item) == "" {
 			continue
 		}
-		i := strings.LastIndexByte(item, ':')
-		ok := i >= 0
-		name, prio := item, ""
-		if ok {
-			name, prio = item[:i], item[i+1:]
+		name, prio, ok := item, "", false
+		if i := strings.LastIndexByte(item, ':'); i >= 0 {
+			name, prio, ok = item[:i], item[i+1:], true
 		}
 		name, prio = strings.TrimSpace(name), strings.TrimSpace(prio)
 		if !ok || name == "" {
